@@ -1,0 +1,1 @@
+"""Speech-LLM backbone plugins."""

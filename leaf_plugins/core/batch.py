@@ -1,0 +1,193 @@
+"""The rollout batch: K responses per prompt, padded into one tensor layout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Sequence
+
+import torch
+
+__all__ = ["RolloutBatch", "GroupLayout"]
+
+PAD_TOKEN = -1
+"""Token id stored at padding positions. Real token ids are non-negative."""
+
+
+@dataclass(frozen=True)
+class GroupLayout:
+    """How the responses of a batch are arranged into groups (one group per prompt).
+
+    Groups are numbered ``0 … G-1`` in ascending order of their ``group_ids``.
+    """
+
+    index: torch.Tensor  # [N] int64: group number of each response
+    ids: torch.Tensor  # [G] int64: the original group id of each group
+    sizes: torch.Tensor  # [G] int64: responses per group (K_g)
+
+    @property
+    def count(self) -> int:
+        """Number of groups G."""
+        return int(self.ids.numel())
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    """A padded batch of sampled responses with their rewards.
+
+    Token positions ``t >= lengths[i]`` are padding: ``tokens`` holds ``-1`` there and
+    ``surprisal``/``logprobs`` hold 0. Responses of one prompt share a group id; groups
+    may differ in size. All tensors live on one device.
+    """
+
+    tokens: torch.Tensor  # [N, T] int64, -1 on padding
+    lengths: torch.Tensor  # [N] int64, H_i >= 0
+    group_ids: torch.Tensor  # [N] int64
+    rewards: torch.Tensor  # [N] float32
+    surprisal: torch.Tensor | None = None  # [N, T] float32: -log pi_old(a_t | x, y_<t)
+    logprobs: torch.Tensor | None = None  # [N, T] float32: log pi_old(a_t | x, y_<t)
+    _layout: GroupLayout | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._check_shapes()
+        if self._layout is None:
+            object.__setattr__(self, "_layout", _group_layout(self.group_ids))
+
+    def _check_shapes(self) -> None:
+        if self.tokens.dim() != 2:
+            raise ValueError(f"tokens must be [N, T], got shape {tuple(self.tokens.shape)}")
+        n, t = self.tokens.shape
+        for name in ("lengths", "group_ids", "rewards"):
+            value = getattr(self, name)
+            if value.shape != (n,):
+                raise ValueError(f"{name} must be [N]=[{n}], got shape {tuple(value.shape)}")
+        for name in ("surprisal", "logprobs"):
+            value = getattr(self, name)
+            if value is not None and value.shape != (n, t):
+                raise ValueError(f"{name} must be [N, T]=[{n}, {t}], got {tuple(value.shape)}")
+        if n and (int(self.lengths.min()) < 0 or int(self.lengths.max()) > t):
+            raise ValueError(f"lengths must lie in [0, T={t}]")
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_lists(
+        cls,
+        tokens: Sequence[Sequence[int]],
+        rewards: Sequence[float],
+        group_ids: Sequence[int],
+        surprisal: Sequence[Sequence[float]] | None = None,
+        logprobs: Sequence[Sequence[float]] | None = None,
+        device: torch.device | str | None = None,
+    ) -> "RolloutBatch":
+        """Build a batch from ragged Python lists (one list of token ids per response).
+
+        ``surprisal`` and ``logprobs``, when given, must have one value per token.
+        """
+        n = len(tokens)
+        if not (len(rewards) == len(group_ids) == n):
+            raise ValueError(
+                f"tokens, rewards and group_ids must have one entry per response: "
+                f"got {n}, {len(rewards)}, {len(group_ids)}"
+            )
+        lengths = [len(seq) for seq in tokens]
+        width = max(lengths, default=0)
+        padded = torch.full((n, width), PAD_TOKEN, dtype=torch.int64)
+        for i, seq in enumerate(tokens):
+            if seq:
+                row = torch.as_tensor(list(seq), dtype=torch.int64)
+                if int(row.min()) < 0:
+                    raise ValueError(f"tokens[{i}] holds a negative token id; ids must be >= 0")
+                padded[i, : len(seq)] = row
+        return cls(
+            tokens=padded.to(device),
+            lengths=torch.as_tensor(lengths, dtype=torch.int64, device=device),
+            group_ids=torch.as_tensor(list(group_ids), dtype=torch.int64, device=device),
+            rewards=torch.as_tensor(list(rewards), dtype=torch.float32, device=device),
+            surprisal=_pad_floats(surprisal, lengths, width, "surprisal", device),
+            logprobs=_pad_floats(logprobs, lengths, width, "logprobs", device),
+        )
+
+    # ------------------------------------------------------------------ views
+    @property
+    def size(self) -> int:
+        """Number of responses N."""
+        return int(self.tokens.shape[0])
+
+    @property
+    def width(self) -> int:
+        """Padded response length T."""
+        return int(self.tokens.shape[1])
+
+    @property
+    def device(self) -> torch.device:
+        return self.tokens.device
+
+    @property
+    def groups(self) -> GroupLayout:
+        """Group numbering of the responses (computed once)."""
+        assert self._layout is not None
+        return self._layout
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """``[N, T]`` bool, True on real tokens."""
+        positions = torch.arange(self.width, device=self.device)
+        return positions.unsqueeze(0) < self.lengths.unsqueeze(1)
+
+    def to(self, device: torch.device | str) -> "RolloutBatch":
+        """The same batch on another device."""
+
+        def move(value: torch.Tensor | None) -> torch.Tensor | None:
+            return None if value is None else value.to(device)
+
+        return RolloutBatch(
+            tokens=self.tokens.to(device),
+            lengths=self.lengths.to(device),
+            group_ids=self.group_ids.to(device),
+            rewards=self.rewards.to(device),
+            surprisal=move(self.surprisal),
+            logprobs=move(self.logprobs),
+        )
+
+    def with_rewards(self, rewards: torch.Tensor) -> "RolloutBatch":
+        """The same responses with other rewards ``[N]``."""
+        return replace(self, rewards=rewards.to(self.device, torch.float32))
+
+    def select(self, rows: torch.Tensor) -> "RolloutBatch":
+        """The sub-batch of the given response indices ``[M]`` (group ids kept)."""
+
+        def take(value: torch.Tensor | None) -> torch.Tensor | None:
+            return None if value is None else value[rows]
+
+        return RolloutBatch(
+            tokens=self.tokens[rows],
+            lengths=self.lengths[rows],
+            group_ids=self.group_ids[rows],
+            rewards=self.rewards[rows],
+            surprisal=take(self.surprisal),
+            logprobs=take(self.logprobs),
+        )
+
+
+def _group_layout(group_ids: torch.Tensor) -> GroupLayout:
+    ids, index, sizes = torch.unique(group_ids, sorted=True, return_inverse=True, return_counts=True)
+    return GroupLayout(index=index, ids=ids, sizes=sizes)
+
+
+def _pad_floats(
+    values: Sequence[Sequence[float]] | None,
+    lengths: list[int],
+    width: int,
+    name: str,
+    device: torch.device | str | None,
+) -> torch.Tensor | None:
+    if values is None:
+        return None
+    if len(values) != len(lengths):
+        raise ValueError(f"{name} must have one entry per response: got {len(values)}, expected {len(lengths)}")
+    padded = torch.zeros((len(lengths), width), dtype=torch.float32)
+    for i, (row, length) in enumerate(zip(values, lengths)):
+        if len(row) != length:
+            raise ValueError(f"{name}[{i}] has {len(row)} values for a response of {length} tokens")
+        if length:
+            padded[i, :length] = torch.as_tensor(list(row), dtype=torch.float32)
+    return padded.to(device)

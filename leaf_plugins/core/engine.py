@@ -1,0 +1,101 @@
+"""The estimation engine: one estimator's stages on a fresh per-run plugin manager."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Iterable, Mapping
+
+import pluggy
+
+from leaf_plugins.core.batch import RolloutBatch
+from leaf_plugins.core.errors import ConfigError, suggest
+from leaf_plugins.core.hookspecs import PROJECT, LeafSpecs
+from leaf_plugins.core.params import EstimatorParams
+from leaf_plugins.core.plugins import PluginHost, get_host
+from leaf_plugins.core.tree import EstimateResult
+
+__all__ = ["Engine", "estimate", "STAGES"]
+
+STAGES = ("select_boundaries", "retain_nodes", "compute_advantages")
+
+
+class Engine:
+    """A per-run plugin manager holding exactly one estimator, its stage overrides and
+    any observers. Build one per run and call ``estimate`` on every batch."""
+
+    def __init__(
+        self,
+        estimator: str = "leaf",
+        params: Mapping[str, Any] | None = None,
+        stages: Mapping[str, str] | None = None,
+        observers: Iterable[object] = (),
+        host: PluginHost | None = None,
+    ) -> None:
+        host = host or get_host()
+        self.name = estimator
+        main = host.estimators.get(estimator)
+        self.manager = pluggy.PluginManager(PROJECT)
+        self.manager.add_hookspecs(LeafSpecs)
+        self.manager.register(main, name=f"estimator:{estimator}")
+        accepted = set(getattr(main, "parameters", ()))
+        for stage, source in (stages or {}).items():
+            if stage not in STAGES:
+                raise ConfigError(f"unknown estimator stage {stage!r}.{suggest(stage, STAGES)} Stages: {', '.join(STAGES)}")
+            other = host.estimators.get(source)
+            if not hasattr(other, stage):
+                raise ConfigError(f"estimator {source!r} does not implement stage {stage!r}")
+            self.manager.register(_stage_override(stage, other), name=f"stage:{stage}:{source}")
+            accepted |= set(getattr(other, "parameters", ()))
+        for index, observer in enumerate(observers):
+            self.manager.register(observer, name=f"observer:{index}:{type(observer).__name__}")
+        self.manager.check_pending()
+        self.params = EstimatorParams.for_estimator(estimator, sorted(accepted), dict(params or {}))
+
+    def estimate(self, batch: RolloutBatch) -> EstimateResult:
+        """Boundaries, nodes and advantages of ``batch`` through the estimator's stages."""
+        hook = self.manager.hook
+        boundaries = hook.select_boundaries(batch=batch, params=self.params)
+        self._require(boundaries, "select_boundaries")
+        nodes = hook.retain_nodes(batch=batch, boundaries=boundaries, params=self.params)
+        self._require(nodes, "retain_nodes")
+        advantages = hook.compute_advantages(batch=batch, nodes=nodes, params=self.params)
+        self._require(advantages, "compute_advantages")
+        result = EstimateResult(advantages, boundaries, nodes, self.name)
+        hook.on_estimate(batch=batch, result=result)
+        return result
+
+    def _require(self, value: object, stage: str) -> None:
+        if value is None:
+            raise ConfigError(f"estimator {self.name!r} has no implementation of stage {stage!r}")
+
+
+def _stage_override(stage: str, estimator: object) -> object:
+    """A plugin whose only hook is ``stage``, forwarded to ``estimator`` and called
+    before the main estimator's own implementation of that stage."""
+    impl = getattr(estimator, stage)
+
+    @functools.wraps(impl)
+    def forward(**kwargs: Any) -> Any:
+        return impl(**kwargs)
+
+    plugin = type(f"{stage}_from_{type(estimator).__name__}", (), {})()
+    setattr(plugin, stage, pluggy.HookimplMarker(PROJECT)(tryfirst=True)(forward))
+    return plugin
+
+
+def estimate(
+    batch: RolloutBatch,
+    estimator: str = "leaf",
+    stages: Mapping[str, str] | None = None,
+    **params: Any,
+) -> EstimateResult:
+    """Per-token advantages of ``batch`` with a registered estimator.
+
+    :param batch: the rollout batch (``RolloutBatch.from_lists`` builds one from lists).
+    :param estimator: a registered estimator name: ``grpo``, ``leaf``, ``collision``,
+        ``full_tree`` or a third-party one (``leaf plugins`` lists them).
+    :param stages: optional stage overrides, e.g. ``{"select_boundaries": "collision"}``.
+    :param params: estimator parameters (``fork_budget``, ``min_group``, ``horizon``,
+        ``terms``, ``normalize``, ``std_floor``, ``eps``; each estimator reads a subset).
+    """
+    return Engine(estimator, params, stages).estimate(batch)

@@ -1,0 +1,123 @@
+"""The plugin reference: every hook a leaf-plugins plugin can implement.
+
+Two kinds of hooks live here.
+
+*Discovery hooks* (``register_*``) are called once, on the global plugin manager that
+loads the built-ins and every package in the ``leaf_plugins`` entry-point group. They
+collect through a ``register`` callback, so the host owns the registries and can
+reject duplicate names.
+
+*Run-time hooks* are called on a fresh per-run plugin manager that holds exactly one
+estimator (plus the observers and the trainer's default stages). The stage hooks are
+``firstresult``: they stop at the first non-None result, so which other plugins are
+installed never changes a result. ``on_*`` observer hooks return nothing and are called
+on every plugin that implements them.
+
+A plugin is a module or an object whose methods are decorated with
+``leaf_plugins.hookimpl`` and named exactly as below.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import pluggy
+
+if TYPE_CHECKING:
+    import torch
+
+    from leaf_plugins.core.batch import RolloutBatch
+    from leaf_plugins.core.params import EstimatorParams
+    from leaf_plugins.core.tree import Boundaries, EstimateResult, Nodes
+
+__all__ = ["PROJECT", "hookspec", "hookimpl", "LeafSpecs"]
+
+PROJECT = "leaf_plugins"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+class LeafSpecs:
+    """Hook specifications of leaf-plugins."""
+
+    # ------------------------------------------------------------------ discovery
+    @hookspec
+    def register_estimators(self, register: Callable[[str, Any], None]) -> None:
+        """Register advantage estimators.
+
+        :param register: call ``register(name, estimator)`` once per estimator. The
+            estimator is an object whose ``hookimpl`` methods implement some of the stage
+            hooks ``select_boundaries``, ``retain_nodes`` and ``compute_advantages``; it
+            has a ``parameters`` attribute, the set of ``EstimatorParams`` field names it
+            reads (any other parameter passed to it is an error), and a docstring whose
+            first line describes it in ``leaf plugins``.
+        """
+
+    @hookspec
+    def register_backbones(self, register: Callable[[str, Any], None]) -> None:
+        """Register speech-LLM backbones.
+
+        :param register: call ``register(name, backbone)`` once per backbone, where
+            ``backbone`` follows ``leaf_plugins.backbones.base.Backbone``.
+        """
+
+    @hookspec
+    def register_tasks(self, register: Callable[[str, Any], None]) -> None:
+        """Register speech tasks (datasets with prompts, references and a reward).
+
+        :param register: call ``register(name, task)`` once per task, where ``task``
+            follows ``leaf_plugins.tasks.base.Task``.
+        """
+
+    @hookspec
+    def register_rewards(self, register: Callable[[str, Any], None]) -> None:
+        """Register reward functions.
+
+        :param register: call ``register(name, reward)`` once per reward, where
+            ``reward(predictions: list[str], references: list[str]) -> list[float]``
+            scores each prediction against its reference.
+        """
+
+    # ------------------------------------------------------------------ estimator stages
+    @hookspec(firstresult=True)
+    def select_boundaries(self, batch: RolloutBatch, params: EstimatorParams) -> Boundaries | None:
+        """Choose, for every group, the token boundaries at which prefixes are compared.
+
+        :param batch: the padded rollout batch (tokens ``[N, T]``, surprisal ``[N, T]``…).
+        :param params: the validated estimator parameters.
+        :return: ``Boundaries`` with ``positions [G, B]`` sorted ascending per group,
+            ``-1`` where a group has fewer than ``B`` boundaries.
+
+        Stops at first non-None result.
+        """
+
+    @hookspec(firstresult=True)
+    def retain_nodes(self, batch: RolloutBatch, boundaries: Boundaries, params: EstimatorParams) -> Nodes | None:
+        """Group responses by exact shared prefixes and keep the groups that become nodes.
+
+        :param batch: the padded rollout batch.
+        :param boundaries: the output of ``select_boundaries``.
+        :param params: the validated estimator parameters.
+        :return: ``Nodes``: one row per retained node (group, position, value, size)
+            and, per response, the path of nodes it passes through ordered by position.
+
+        Stops at first non-None result.
+        """
+
+    @hookspec(firstresult=True)
+    def compute_advantages(self, batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) -> torch.Tensor | None:
+        """Turn the retained nodes into per-token advantages.
+
+        :param batch: the padded rollout batch.
+        :param nodes: the output of ``retain_nodes``.
+        :param params: the validated estimator parameters.
+        :return: float32 ``[N, T]`` advantages, exactly 0 on padding.
+
+        Stops at first non-None result.
+        """
+
+    # ------------------------------------------------------------------ observers
+    @hookspec
+    def on_estimate(self, batch: RolloutBatch, result: EstimateResult) -> None:
+        """Called after every estimate with the batch and the full result (boundaries,
+        nodes, advantages). For logging and analysis; must not modify either."""

@@ -1,0 +1,69 @@
+"""Estimator parameters: names, defaults and validation (see the estimator spec)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Iterable
+
+from leaf_plugins.core.errors import ConfigError, suggest
+
+__all__ = ["EstimatorParams", "HORIZONS", "TERMS", "NORMALIZATIONS"]
+
+HORIZONS = ("shortest", "each")
+TERMS = ("both", "global", "local")
+NORMALIZATIONS = ("none", "span", "token", "batch")
+
+
+@dataclass(frozen=True)
+class EstimatorParams:
+    """Every parameter a built-in estimator reads.
+
+    ``fork_budget`` is the paper's B, ``min_group`` its retention threshold m0.
+    ``horizon``: ``shortest`` (candidates ``1 <= t < lmin``, the paper) or ``each``
+    (``1 <= t < H_i``, the authors' code). ``terms``: ``both`` (GA + LA), ``global``
+    (GA only) or ``local`` (LA only). ``normalize``: ``none``, ``span``, ``token`` or
+    ``batch``. ``std_floor`` and ``eps`` are GRPO's standard-deviation floor and epsilon.
+    """
+
+    fork_budget: int = 2
+    min_group: int = 2
+    horizon: str = "shortest"
+    terms: str = "both"
+    normalize: str = "span"
+    std_floor: float = 0.0
+    eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not isinstance(self.fork_budget, int) or self.fork_budget < 0:
+            problems.append(f"fork_budget must be an integer >= 0, got {self.fork_budget!r}")
+        if not isinstance(self.min_group, int) or self.min_group < 2:
+            problems.append(f"min_group must be an integer >= 2 (singletons are never nodes), got {self.min_group!r}")
+        for name, allowed in (("horizon", HORIZONS), ("terms", TERMS), ("normalize", NORMALIZATIONS)):
+            value = getattr(self, name)
+            if value not in allowed:
+                problems.append(f"{name} must be one of {', '.join(allowed)}; got {value!r}.{suggest(str(value), allowed)}")
+        if not isinstance(self.std_floor, (int, float)) or self.std_floor < 0:
+            problems.append(f"std_floor must be a number >= 0, got {self.std_floor!r}")
+        if not isinstance(self.eps, (int, float)) or self.eps <= 0:
+            problems.append(f"eps must be a number > 0, got {self.eps!r}")
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """All parameter names."""
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def for_estimator(cls, estimator: str, accepted: Iterable[str], values: dict[str, Any]) -> "EstimatorParams":
+        """Validate ``values`` for an estimator that reads the ``accepted`` names."""
+        accepted = tuple(accepted)
+        unknown = [key for key in values if key not in accepted]
+        if unknown:
+            key = unknown[0]
+            raise ConfigError(
+                f"estimator {estimator!r} has no parameter {key!r}.{suggest(key, accepted)} "
+                f"Its parameters: {', '.join(accepted) or '(none)'}"
+            )
+        return cls(**values)

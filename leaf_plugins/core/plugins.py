@@ -1,0 +1,149 @@
+"""Plugin discovery: the built-ins and the ``leaf_plugins`` entry-point group.
+
+Entry points are loaded one at a time. A plugin that fails to import, or fails while
+registering, is reported with its entry-point name and skipped, unless the environment
+variable ``LEAF_PLUGINS_STRICT=1`` is set (for CI), in which case it is fatal.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any, Callable, Iterable
+
+import pluggy
+
+from leaf_plugins.core.errors import LeafError, PluginLoadError
+from leaf_plugins.core.hookspecs import PROJECT, LeafSpecs
+from leaf_plugins.core.registry import Registry
+
+__all__ = ["PluginHost", "get_host", "STRICT_ENV", "PluginWarning", "KINDS"]
+
+STRICT_ENV = "LEAF_PLUGINS_STRICT"
+BUILTIN_DISTRIBUTION = "leaf-plugins"
+
+KINDS = ("estimator", "backbone", "task", "reward")
+
+
+class PluginWarning(UserWarning):
+    """A plugin could not be loaded and was skipped."""
+
+
+@dataclass
+class PluginHost:
+    """The global plugin manager and the registries its discovery hooks filled."""
+
+    manager: pluggy.PluginManager
+    registries: dict[str, Registry[Any]] = field(default_factory=dict)
+    failures: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def estimators(self) -> Registry[Any]:
+        return self.registries["estimator"]
+
+    @property
+    def backbones(self) -> Registry[Any]:
+        return self.registries["backbone"]
+
+    @property
+    def tasks(self) -> Registry[Any]:
+        return self.registries["task"]
+
+    @property
+    def rewards(self) -> Registry[Any]:
+        return self.registries["reward"]
+
+    @classmethod
+    def discover(cls, extra_plugins: Iterable[tuple[str, object]] = (), strict: bool | None = None) -> "PluginHost":
+        """Load the built-ins, every entry point of the ``leaf_plugins`` group and
+        ``extra_plugins`` (name, plugin) pairs, then run the discovery hooks."""
+        strict = os.environ.get(STRICT_ENV, "") not in ("", "0") if strict is None else strict
+        manager = pluggy.PluginManager(PROJECT)
+        manager.add_hookspecs(LeafSpecs)
+        host = cls(manager, {kind: Registry(kind) for kind in KINDS})
+        origins: dict[str, str] = {}
+        for name, origin, load in _plugin_sources():
+            host._guard(name, strict, lambda: host._register_plugin(manager, load(), name, origin, origins))
+        for name, plugin in extra_plugins:
+            host._guard(name, strict, lambda: host._register_plugin(manager, plugin, name, "extra", origins))
+        hook_kinds = {
+            "register_estimators": "estimator",
+            "register_backbones": "backbone",
+            "register_tasks": "task",
+            "register_rewards": "reward",
+        }
+        for hook_name, kind in hook_kinds.items():
+            for impl in getattr(manager.hook, hook_name).get_hookimpls():
+                registry = host.registries[kind]
+                origin = origins.get(impl.plugin_name, impl.plugin_name)
+                register = _register_into(registry, origin)
+                host._guard(impl.plugin_name, strict, lambda: impl.function(register=register))
+        return host
+
+    def _register_plugin(
+        self, manager: pluggy.PluginManager, plugin: object, name: str, origin: str, origins: dict[str, str]
+    ) -> None:
+        manager.register(plugin, name=name)
+        manager.check_pending()
+        origins[name] = origin
+
+    def _guard(self, name: str, strict: bool, action: Callable[[], None]) -> None:
+        try:
+            action()
+        except LeafError as error:
+            if strict:
+                raise
+            self._report(name, str(error))
+        except Exception as error:  # a broken third-party plugin must not take the tool down
+            message = f"{type(error).__name__}: {error}"
+            if strict:
+                raise PluginLoadError(f"plugin {name!r} failed to load: {message}") from error
+            self._report(name, message)
+
+    def _report(self, name: str, message: str) -> None:
+        self.failures.append((name, message))
+        warnings.warn(
+            f"leaf-plugins: skipped plugin {name!r}: {message} (set {STRICT_ENV}=1 to make this fatal)",
+            PluginWarning,
+            stacklevel=3,
+        )
+
+
+def _register_into(registry: Registry[Any], origin: str) -> Callable[[str, Any], None]:
+    def register(name: str, value: Any) -> None:
+        registry.add(name, value, origin)
+
+    return register
+
+
+def _plugin_sources() -> list[tuple[str, str, Callable[[], object]]]:
+    """(entry-point name, distribution name, loader) of every plugin to load: the
+    built-ins first (they are entry points of this package), then the others by name."""
+    declared = list(entry_points(group=PROJECT))
+    if not any(_distribution(ep) == BUILTIN_DISTRIBUTION for ep in declared):
+        raise PluginLoadError(
+            "the built-in plugins are not registered: leaf-plugins is not installed in this "
+            "environment. Install it (pip install -e . from the source tree)."
+        )
+    sources: list[tuple[str, str, Callable[[], object]]] = []
+    seen: set[tuple[str, str, str]] = set()
+    for ep in sorted(declared, key=lambda ep: (_distribution(ep) != BUILTIN_DISTRIBUTION, ep.name)):
+        key = (ep.name, ep.value, _distribution(ep))
+        if key not in seen:  # the same distribution can be visible twice on sys.path
+            seen.add(key)
+            sources.append((ep.name, _distribution(ep), ep.load))
+    return sources
+
+
+def _distribution(ep: EntryPoint) -> str:
+    dist = getattr(ep, "dist", None)
+    return dist.name if dist is not None else "unknown distribution"
+
+
+@lru_cache(maxsize=1)
+def get_host() -> PluginHost:
+    """The process-wide plugin host, discovered on first use."""
+    return PluginHost.discover()

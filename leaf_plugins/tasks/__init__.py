@@ -1,0 +1,1 @@
+"""Speech task plugins."""
