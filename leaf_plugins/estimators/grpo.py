@@ -31,7 +31,7 @@ class GRPO:
         std = group_std(rewards, layout.index, layout.count, layout.sizes, nodes.root_value.double()[: layout.count])
         scale = std.clamp(min=params.std_floor) + params.eps  # [G]
         per_response = ((rewards - nodes.root_value.double()[layout.index]) / scale[layout.index]).float()  # [N]
-        return per_response.unsqueeze(1) * batch.mask  # [N, T]
+        return torch.where(batch.mask, per_response.unsqueeze(1), 0.0)  # [N, T]
 
 
 def root_only_nodes(batch: RolloutBatch) -> Nodes:

@@ -1,0 +1,71 @@
+"""LEAF: surprisal-chosen boundaries, exact prefix nodes, span credit (spec, ``leaf``)."""
+
+from __future__ import annotations
+
+import torch
+
+from leaf_plugins.core.batch import RolloutBatch
+from leaf_plugins.core.errors import ConfigError
+from leaf_plugins.core.hookspecs import hookimpl
+from leaf_plugins.core.params import EstimatorParams
+from leaf_plugins.core.tree import Boundaries, Nodes
+from leaf_plugins.estimators.boundary_scan import greedy_boundaries, separation, shortest_lengths
+from leaf_plugins.estimators.nodes import boundary_nodes
+from leaf_plugins.estimators.prefixes import SortedPrefixes
+from leaf_plugins.estimators.span_credit import span_advantages
+
+__all__ = ["LEAF", "surprisal_boundaries"]
+
+
+class LEAF:
+    """LEAF: at most B high-surprisal boundaries, prefix groups there, GA+LA span credit."""
+
+    parameters = frozenset({"fork_budget", "min_group", "horizon", "terms", "normalize"})
+
+    @hookimpl
+    def select_boundaries(self, batch: RolloutBatch, params: EstimatorParams) -> Boundaries:
+        return Boundaries(surprisal_boundaries(batch, params.fork_budget, params.horizon))
+
+    @hookimpl
+    def retain_nodes(self, batch: RolloutBatch, boundaries: Boundaries, params: EstimatorParams) -> Nodes:
+        prefixes = SortedPrefixes.at_boundaries(batch, boundaries.positions)
+        return boundary_nodes(batch, prefixes, boundaries.positions, params.min_group)
+
+    @hookimpl
+    def compute_advantages(self, batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) -> torch.Tensor:
+        return span_advantages(batch, nodes, params)
+
+
+def surprisal_boundaries(batch: RolloutBatch, budget: int, horizon: str) -> torch.Tensor:
+    """``[G, B]`` LEAF boundaries (spec, step 1).
+
+    A position's score is the largest surprisal any response of the group has there:
+    the scan meets a position first through that candidate, and every later candidate at
+    the same position is rejected by the separation rule.
+    """
+    if batch.surprisal is None:
+        raise ConfigError("LEAF selects boundaries by surprisal, but the batch has none: pass surprisal= "
+                          "to RolloutBatch (one value per token, -log pi_old of the sampled token)")
+    layout = batch.groups
+    shortest = shortest_lengths(batch)  # [G]
+    lowest = torch.finfo(batch.surprisal.dtype).min
+    if horizon == "shortest":  # every candidate lies inside every response of its group
+        reach = int(shortest.max()) if layout.count else 0
+        scores = batch.surprisal[:, :reach]  # [N, R]
+        positions = torch.arange(reach, device=batch.device)
+        window = (positions >= 1) & (positions < shortest.unsqueeze(1))  # [G, R]
+    else:
+        reach = int(batch.lengths.max()) if batch.size else 0
+        positions = torch.arange(reach, device=batch.device)
+        candidate = (positions >= 1) & (positions < batch.lengths.unsqueeze(1))  # [N, R]
+        scores = torch.where(candidate, batch.surprisal[:, :reach], lowest)
+        window = None
+    score = torch.full((layout.count, reach), lowest, dtype=scores.dtype, device=batch.device)
+    score = score.scatter_reduce(0, layout.index.unsqueeze(1).expand_as(scores), scores, reduce="amax")  # [G, R]
+    admissible = score > lowest if window is None else window  # [G, R]
+    return greedy_boundaries(score, admissible, separation(shortest, budget), budget)
+
+
+@hookimpl
+def register_estimators(register) -> None:  # type: ignore[no-untyped-def]
+    register("leaf", LEAF())
