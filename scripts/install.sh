@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs everything leaf-plugins needs on a fresh Debian machine (idempotent).
+# torch is installed first and pinned to the CPU build this machine has on disk; on a GPU
+# cluster install your own CUDA build of torch first and this script keeps it
+# (LEAF_TORCH_SPEC="" skips the torch step).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v espeak-ng >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing espeak-ng (speech for the built-in tasks)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng >/dev/null
+  else
+    echo "espeak-ng is missing: run 'sudo apt-get install -y espeak-ng' (needed by the built-in spoken tasks)" >&2
+  fi
+fi
+
+PIP="python -m pip --disable-pip-version-check --root-user-action=ignore -q"
+TORCH_SPEC="${LEAF_TORCH_SPEC-torch==2.13.0}"
+if [ -n "$TORCH_SPEC" ] && ! python -c "import torch" >/dev/null 2>&1; then
+  echo "installing $TORCH_SPEC"
+  $PIP install "$TORCH_SPEC"
+fi
+echo "installing leaf-plugins and its dependencies"
+$PIP install -e ".[test]"
