@@ -23,6 +23,7 @@ class GroupLayout:
     index: torch.Tensor  # [N] int64: group number of each response
     ids: torch.Tensor  # [G] int64: the original group id of each group
     sizes: torch.Tensor  # [G] int64: responses per group (K_g)
+    uniform_size: int | None = None  # K when every group has K responses stored contiguously
 
     @property
     def count(self) -> int:
@@ -170,7 +171,12 @@ class RolloutBatch:
 
 def _group_layout(group_ids: torch.Tensor) -> GroupLayout:
     ids, index, sizes = torch.unique(group_ids, sorted=True, return_inverse=True, return_counts=True)
-    return GroupLayout(index=index, ids=ids, sizes=sizes)
+    uniform = None
+    if sizes.numel() and bool((sizes == sizes[0]).all()):
+        size = int(sizes[0])
+        if bool((index == torch.arange(index.numel(), device=index.device) // size).all()):
+            uniform = size
+    return GroupLayout(index=index, ids=ids, sizes=sizes, uniform_size=uniform)
 
 
 def _pad_floats(

@@ -60,8 +60,11 @@ def surprisal_boundaries(batch: RolloutBatch, budget: int, horizon: str) -> torc
         candidate = (positions >= 1) & (positions < batch.lengths.unsqueeze(1))  # [N, R]
         scores = torch.where(candidate, batch.surprisal[:, :reach], lowest)
         window = None
-    score = torch.full((layout.count, reach), lowest, dtype=scores.dtype, device=batch.device)
-    score = score.scatter_reduce(0, layout.index.unsqueeze(1).expand_as(scores), scores, reduce="amax")  # [G, R]
+    if layout.uniform_size:  # responses of a group are consecutive rows: a view, no scatter
+        score = scores.reshape(layout.count, layout.uniform_size, reach).amax(dim=1)  # [G, R]
+    else:
+        score = torch.full((layout.count, reach), lowest, dtype=scores.dtype, device=batch.device)
+        score = score.scatter_reduce(0, layout.index.unsqueeze(1).expand_as(scores), scores, reduce="amax")
     admissible = score > lowest if window is None else window  # [G, R]
     return greedy_boundaries(score, admissible, separation(shortest, budget), budget)
 

@@ -50,9 +50,10 @@ class SortedPrefixes:
         tokens = batch.tokens[:, :reach]  # [N, R]
         boundary = positions[batch.groups.index].clamp(min=0)  # [N, B]
         try:
-            keys = _prefix_hashes(tokens).gather(1, boundary)  # [N, B]
+            hashes = _prefix_hashes(tokens, int(batch.tokens.max()))  # [N, R]
         except OverflowError:
             return cls.lexicographic_exact(batch)
+        keys = _hash_at(hashes, torch.arange(batch.size, device=batch.device).unsqueeze(1), boundary)  # [N, B]
         order = _lexsort([batch.groups.index, *keys.unbind(dim=1)])
         prefixes = cls._from_order(batch, order, tokens)
         group, lcp = prefixes.group, prefixes.lcp
@@ -70,7 +71,7 @@ class SortedPrefixes:
         contiguous (padding ``-1`` sorts before every token)."""
         layout = batch.groups
         try:
-            hashes = _prefix_hashes(batch.tokens)  # [N, T+1]
+            hashes = _prefix_hashes(batch.tokens, int(batch.tokens.max()))  # [N, T]
         except OverflowError:
             return cls.lexicographic_exact(batch)
         members = _members(layout.index, layout.sizes)  # [G, K] batch index, -1 padded
@@ -78,8 +79,7 @@ class SortedPrefixes:
         rows = members.clamp(min=0)
         left, right = rows.unsqueeze(2), rows.unsqueeze(1)  # [G, K, 1], [G, 1, K]
         shared = _hash_lcp(hashes, left, right)  # [G, K, K]
-        padded = torch.cat([batch.tokens, torch.full_like(batch.tokens[:, :1], -2)], dim=1)  # [N, T+1]
-        left_next, right_next = padded[left, shared], padded[right, shared]  # token after the shared prefix
+        left_next, right_next = _token_after(batch.tokens, left, shared), _token_after(batch.tokens, right, shared)
         slots = torch.arange(members.shape[1], device=batch.device)
         before = (right_next < left_next) | ((right_next == left_next) & (slots.view(1, 1, -1) < slots.view(1, -1, 1)))
         before &= valid.unsqueeze(1) & valid.unsqueeze(2)  # [G, K(a), K(b)]: b sorts before a
@@ -105,7 +105,7 @@ class SortedPrefixes:
         group = layout.index[order]  # [N]
         lcp = torch.full((n,), -1, dtype=torch.int64, device=batch.device)
         if n > 1:
-            ordered = tokens[order]  # [N, R]
+            ordered = tokens.index_select(0, order)  # [N, R]
             lcp[1:] = torch.where(group[1:] == group[:-1], _first_difference(ordered[:-1], ordered[1:]), -1)
         start = torch.cumsum(layout.sizes, 0) - layout.sizes  # [G]
         slot = torch.arange(n, device=batch.device) - start[group]  # [N]
@@ -117,11 +117,9 @@ class SortedPrefixes:
         if inner.numel() == 0:
             return True
         split = self.lcp[inner]  # [P]
-        differs = split < self.reach
-        padded = torch.cat([batch.tokens, torch.full_like(batch.tokens[:, :1], -2)], dim=1)
-        before = padded[self.order[inner - 1], split]
-        after = padded[self.order[inner], split]
-        return bool(((before < after) | ~differs).all())
+        before = _token_after(batch.tokens, self.order[inner - 1], split)
+        after = _token_after(batch.tokens, self.order[inner], split)
+        return bool(((before < after) | (split >= self.reach)).all())
 
     # ------------------------------------------------------------------ views
     @property
@@ -186,8 +184,9 @@ def _hash_weights(width: int, bits: int, device: str) -> torch.Tensor:
     return weights.to(torch.float64).to(device)
 
 
-def _prefix_hashes(tokens: torch.Tensor) -> torch.Tensor:
-    """``[N, R+1]`` float64: column ``p`` hashes the first ``p`` tokens of each row.
+def _prefix_hashes(tokens: torch.Tensor, largest: int) -> torch.Tensor:
+    """``[N, R]`` float64: column ``j`` hashes the first ``j + 1`` tokens of each row
+    (the empty prefix hashes to 0; see ``_hash_at``). ``largest`` bounds the token ids.
 
     Every term and partial sum is an integer below 2**53, so the arithmetic is exact and
     equal prefixes always hash equal, whatever the order of summation. Unequal prefixes
@@ -195,33 +194,47 @@ def _prefix_hashes(tokens: torch.Tensor) -> torch.Tensor:
     """
     n, width = tokens.shape
     if n == 0 or width == 0:
-        return torch.zeros((n, width + 1), dtype=torch.float64, device=tokens.device)
-    token_bits = (int(tokens.max()) + 2).bit_length()
+        return torch.zeros((n, width), dtype=torch.float64, device=tokens.device)
+    token_bits = (largest + 2).bit_length()
     bits = min(52 - token_bits - (width + 1).bit_length(), 40)
     if bits < 1:
         raise OverflowError("token ids too large to hash exactly")  # callers sort exactly instead
     weights = _hash_weights(width, bits, str(tokens.device))  # [R]
-    hashes = torch.empty((n, width + 1), dtype=torch.float64, device=tokens.device)
-    hashes[:, 0] = 0
-    torch.addcmul(weights, tokens, weights, out=hashes[:, 1:])  # (token + 1) * weight
-    return torch.cumsum(hashes, dim=1, out=hashes)
+    hashes = tokens.to(torch.float64)
+    torch.addcmul(weights, hashes, weights, out=hashes)  # (token + 1) * weight
+    return hashes.cumsum_(dim=1)
+
+
+def _hash_at(hashes: torch.Tensor, rows: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Hash of the first ``lengths`` tokens of ``rows`` (broadcast shapes)."""
+    if hashes.shape[1] == 0:
+        return torch.zeros(torch.broadcast_shapes(rows.shape, lengths.shape), dtype=torch.float64,
+                           device=hashes.device)
+    values = hashes[rows, (lengths - 1).clamp(min=0)]
+    return torch.where(lengths > 0, values, 0.0)
 
 
 def _hash_lcp(hashes: torch.Tensor, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
     """Longest prefix length on which the hashes of rows ``left`` and ``right`` agree
     (broadcast shapes), by binary search over the prefix length."""
-    width = hashes.shape[1] - 1
+    width = hashes.shape[1]
     left, right = torch.broadcast_tensors(left, right)
     low = torch.zeros_like(left)
     high = torch.full_like(left, width)
-    flat = hashes.reshape(-1)
-    stride = width + 1
     for _ in range(max(width, 1).bit_length()):
         middle = (low + high + 1) // 2
-        agree = flat[left * stride + middle] == flat[right * stride + middle]
+        agree = _hash_at(hashes, left, middle) == _hash_at(hashes, right, middle)
         low = torch.where(agree, middle, low)
         high = torch.where(agree, high, middle - 1)
     return low
+
+
+def _token_after(tokens: torch.Tensor, rows: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
+    """The token at position ``prefix`` of ``rows``; ``-2`` past the padded width, so
+    that identical rows compare equal there."""
+    width = tokens.shape[1]
+    values = tokens[rows, prefix.clamp(max=max(width - 1, 0))] if width else torch.zeros_like(prefix)
+    return torch.where(prefix < width, values, -2)
 
 
 def _first_difference(upper: torch.Tensor, lower: torch.Tensor) -> torch.Tensor:
