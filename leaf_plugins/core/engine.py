@@ -74,9 +74,9 @@ def _stage_override(stage: str, estimator: object) -> object:
     before the main estimator's own implementation of that stage."""
     impl = getattr(estimator, stage)
 
-    @functools.wraps(impl)
-    def forward(**kwargs: Any) -> Any:
-        return impl(**kwargs)
+    @functools.wraps(impl)  # pluggy reads the argument names through the wrapper
+    def forward(*args: Any) -> Any:
+        return impl(*args)
 
     plugin = type(f"{stage}_from_{type(estimator).__name__}", (), {})()
     setattr(plugin, stage, pluggy.HookimplMarker(PROJECT)(tryfirst=True)(forward))

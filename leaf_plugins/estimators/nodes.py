@@ -7,7 +7,7 @@ import torch
 from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.core.tree import Nodes
 from leaf_plugins.estimators.group_stats import group_mean
-from leaf_plugins.estimators.prefixes import SortedPrefixes
+from leaf_plugins.estimators.prefixes import SortedPrefixes, range_minima
 
 __all__ = ["boundary_nodes", "trie_nodes", "root_values"]
 
@@ -58,16 +58,19 @@ def trie_nodes(batch: RolloutBatch, prefixes: SortedPrefixes, min_group: int) ->
     members, at the position where its members stop sharing their prefix (spec,
     ``full_tree``).
 
-    A branching set is a maximal run of sorted responses whose adjacent LCPs are all at
-    least ``d``, where ``d`` is the smallest of them; each set is found once, at the
-    leftmost gap that attains its minimum. Identical responses share a set whose position
-    is their length.
+    Adjacent LCPs are capped at both lengths (a set's members stop sharing where one of
+    them ends). A branching set is then a maximal run of sorted responses whose capped
+    adjacent LCPs are all at least ``d``, ``d`` being the smallest of them; each set is
+    found once, at the leftmost gap that attains its minimum. Identical responses thus
+    share a set whose position is their length. Capping keeps range minima exact: a
+    response sorted between two others is at least as long as their common prefix.
     """
+    lengths = prefixes.per_group(batch.lengths[prefixes.order], 0)  # [G, K]
     gaps = prefixes.gap_matrix  # [G, K-1]
-    spans = prefixes.range_min  # [G, K-1(a), K-1(k)]: min of gaps a..k
+    depth = torch.where(gaps >= 0, torch.minimum(gaps, torch.minimum(lengths[:, :-1], lengths[:, 1:])), -1)
+    spans = range_minima(depth)  # [G, K-1(a), K-1(k)]: min of capped gaps a..k
     groups, count = gaps.shape
     device = batch.device
-    depth = gaps  # [G, K-1]
     reach_left = (spans >= depth.unsqueeze(1)).sum(dim=1)  # [G, K-1]: a <= k with min(a..k) >= d_k
     reach_right = (spans >= depth.unsqueeze(2)).sum(dim=2)  # [G, K-1]: b >= k with min(k..b) >= d_k
     first_gap = torch.arange(count, device=device) - reach_left + 1  # [G, K-1]
@@ -79,10 +82,8 @@ def trie_nodes(batch: RolloutBatch, prefixes: SortedPrefixes, min_group: int) ->
     valid = (depth > 0) & leftmost & (members >= min_group)
 
     rewards = prefixes.per_group(batch.rewards.double()[prefixes.order], 0.0)  # [G, K]
-    lengths = prefixes.per_group(batch.lengths[prefixes.order], 0)  # [G, K]
     cumulative = torch.cat([torch.zeros_like(rewards[:, :1]), rewards.cumsum(dim=1)], dim=1)  # [G, K+1]
     total = cumulative.gather(1, (last_gap + 2).clamp(0, count + 1)) - cumulative.gather(1, first_gap.clamp(min=0))
-    position = torch.minimum(depth, lengths[:, 1:])  # identical responses: their length
 
     node_id = torch.cumsum(valid.reshape(-1).to(torch.int64), 0).reshape(groups, count) - 1  # [G, K-1]
     slots = torch.arange(prefixes.max_size, device=device)  # [K]
@@ -92,15 +93,14 @@ def trie_nodes(batch: RolloutBatch, prefixes: SortedPrefixes, min_group: int) ->
         & (slots.view(1, -1, 1) <= last_gap.unsqueeze(1) + 1)
     )  # [G, K(slot), K-1(node)]
     big = torch.iinfo(torch.int64).max
-    # order each slot's nodes by position, larger sets first at equal positions
-    key = torch.where(contains, position.unsqueeze(1) * (count + 2) - members.unsqueeze(1), big)
+    key = torch.where(contains, depth.unsqueeze(1), big)  # nested sets have strictly larger d
     ranked = key.sort(dim=2)
     chain = torch.where(ranked.values < big, node_id.unsqueeze(1).expand_as(key).gather(2, ranked.indices), -1)
     path = torch.empty((batch.size, count), dtype=torch.int64, device=device)
     path[prefixes.order] = chain[prefixes.group, prefixes.slot]
     return Nodes(
         group=torch.arange(groups, device=device).unsqueeze(1).expand(groups, count)[valid],
-        position=position[valid],
+        position=depth[valid],
         value=(total[valid] / members[valid]).float(),
         size=members[valid],
         path=path,

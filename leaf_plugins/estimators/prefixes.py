@@ -21,7 +21,7 @@ import torch
 
 from leaf_plugins.core.batch import RolloutBatch
 
-__all__ = ["SortedPrefixes"]
+__all__ = ["SortedPrefixes", "range_minima"]
 
 
 @dataclass(frozen=True)
@@ -156,24 +156,21 @@ class SortedPrefixes:
         gaps[self.group[inner], self.slot[inner] - 1] = self.lcp[inner]
         return gaps
 
-    @cached_property
-    def range_min(self) -> torch.Tensor:
-        """``[G, K-1, K-1]``: entry ``[g, a, k]`` is the minimum of gaps ``a..k`` of group
-        ``g`` (the LCP of sorted slots ``a`` and ``k + 1``) for ``a <= k``, and ``-1`` for
-        ``a > k``."""
-        gaps = self.gap_matrix  # [G, K-1]
-        count = gaps.shape[1]
-        upper = torch.ones(count, count, dtype=torch.bool, device=gaps.device).triu()  # [a, k]: a <= k
-        big = torch.iinfo(torch.int64).max
-        spread = torch.where(upper, gaps.unsqueeze(1), big)  # [G, K-1(a), K-1(k)]
-        minima = torch.cummin(spread, dim=2).values
-        return torch.where(upper, minima, -1)
-
     def per_group(self, values: torch.Tensor, fill: float | int) -> torch.Tensor:
         """Scatter sorted per-response ``values [N]`` into a ``[G, K]`` slot layout."""
         out = torch.full((self.groups, self.max_size), fill, dtype=values.dtype, device=values.device)
         out[self.group, self.slot] = values
         return out
+
+
+def range_minima(gaps: torch.Tensor) -> torch.Tensor:
+    """``[G, K-1, K-1]``: entry ``[g, a, k]`` is the minimum of ``gaps[g, a..k]`` for
+    ``a <= k`` (the LCP of sorted slots ``a`` and ``k + 1``) and ``-1`` for ``a > k``."""
+    count = gaps.shape[1]
+    upper = torch.ones(count, count, dtype=torch.bool, device=gaps.device).triu()  # [a, k]: a <= k
+    big = torch.iinfo(torch.int64).max
+    spread = torch.where(upper, gaps.unsqueeze(1), big)  # [G, K-1(a), K-1(k)]
+    return torch.where(upper, torch.cummin(spread, dim=2).values, -1)
 
 
 @lru_cache(maxsize=16)
