@@ -37,7 +37,8 @@ class RolloutBatch:
 
     Token positions ``t >= lengths[i]`` are padding: ``tokens`` holds ``-1`` there and
     ``surprisal``/``logprobs`` hold 0. Responses of one prompt share a group id; groups
-    may differ in size. All tensors live on one device.
+    may differ in size. All tensors live on one device. ``vocab_size``, when the producer
+    knows it, spares the estimators a scan for the largest token id.
     """
 
     tokens: torch.Tensor  # [N, T] int64, -1 on padding
@@ -46,6 +47,7 @@ class RolloutBatch:
     rewards: torch.Tensor  # [N] float32
     surprisal: torch.Tensor | None = None  # [N, T] float32: -log pi_old(a_t | x, y_<t)
     logprobs: torch.Tensor | None = None  # [N, T] float32: log pi_old(a_t | x, y_<t)
+    vocab_size: int | None = None  # optional bound: every token id is < vocab_size
     _layout: GroupLayout | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -129,6 +131,13 @@ class RolloutBatch:
         return self._layout
 
     @property
+    def token_bound(self) -> int:
+        """An upper bound on the token ids (``vocab_size - 1``, or the largest id)."""
+        if self.vocab_size is not None:
+            return self.vocab_size - 1
+        return int(self.tokens.max()) if self.tokens.numel() else 0
+
+    @property
     def mask(self) -> torch.Tensor:
         """``[N, T]`` bool, True on real tokens."""
         positions = torch.arange(self.width, device=self.device)
@@ -147,6 +156,7 @@ class RolloutBatch:
             rewards=self.rewards.to(device),
             surprisal=move(self.surprisal),
             logprobs=move(self.logprobs),
+            vocab_size=self.vocab_size,
         )
 
     def with_rewards(self, rewards: torch.Tensor) -> "RolloutBatch":
@@ -166,6 +176,7 @@ class RolloutBatch:
             rewards=self.rewards[rows],
             surprisal=take(self.surprisal),
             logprobs=take(self.logprobs),
+            vocab_size=self.vocab_size,
         )
 
 

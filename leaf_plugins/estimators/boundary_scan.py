@@ -38,14 +38,15 @@ def greedy_boundaries(score: torch.Tensor, admissible: torch.Tensor, gap: torch.
     if width == 0 or budget == 0:
         return chosen
     positions = torch.arange(width, device=score.device)  # [T]
-    available = admissible.clone()  # [G, T]
     lowest = torch.finfo(score.dtype).min
+    working = score.masked_fill(~admissible, lowest)  # [G, T]: excluded positions hold `lowest`
+    low_side, high_side = positions - gap.unsqueeze(1), positions + gap.unsqueeze(1)  # [G, T]
     for round_ in range(budget):
-        found = available.any(dim=1)  # [G]
-        best = torch.where(available, score, lowest).argmax(dim=1)  # [G]
-        chosen[:, round_] = torch.where(found, best, -1)
-        near = (positions.unsqueeze(0) - best.unsqueeze(1)).abs() < gap.unsqueeze(1)  # [G, T]
-        available &= ~(near & found.unsqueeze(1))
+        best = working.argmax(dim=1, keepdim=True)  # [G, 1]
+        found = working.gather(1, best) > lowest  # [G, 1]
+        chosen[:, round_] = torch.where(found, best, -1).squeeze(1)
+        # |t - best| < gap  <=>  t - gap < best < t + gap
+        working.masked_fill_((low_side < best) & (best < high_side), lowest)
     unused = chosen < 0
     ordered = torch.where(unused, width, chosen).sort(dim=1).values
     return torch.where(ordered >= width, -1, ordered)

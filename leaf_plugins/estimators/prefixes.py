@@ -50,7 +50,7 @@ class SortedPrefixes:
         tokens = batch.tokens[:, :reach]  # [N, R]
         boundary = positions[batch.groups.index].clamp(min=0)  # [N, B]
         try:
-            hashes = _prefix_hashes(tokens, int(batch.tokens.max()))  # [N, R]
+            hashes = _prefix_hashes(tokens, batch.token_bound)  # [N, R]
         except OverflowError:
             return cls.lexicographic_exact(batch)
         keys = _hash_at(hashes, torch.arange(batch.size, device=batch.device).unsqueeze(1), boundary)  # [N, B]
@@ -71,7 +71,7 @@ class SortedPrefixes:
         contiguous (padding ``-1`` sorts before every token)."""
         layout = batch.groups
         try:
-            hashes = _prefix_hashes(batch.tokens, int(batch.tokens.max()))  # [N, T]
+            hashes = _prefix_hashes(batch.tokens, batch.token_bound)  # [N, T]
         except OverflowError:
             return cls.lexicographic_exact(batch)
         members = _members(layout.index, layout.sizes)  # [G, K] batch index, -1 padded
@@ -215,12 +215,16 @@ def _hash_lcp(hashes: torch.Tensor, left: torch.Tensor, right: torch.Tensor) -> 
     """Longest prefix length on which the hashes of rows ``left`` and ``right`` agree
     (broadcast shapes), by binary search over the prefix length."""
     width = hashes.shape[1]
-    left, right = torch.broadcast_tensors(left, right)
+    left, right = torch.broadcast_tensors(left * width - 1, right * width - 1)  # flat offset of "length 0"
     low = torch.zeros_like(left)
+    if width == 0:
+        return low
     high = torch.full_like(left, width)
     for _ in range(max(width, 1).bit_length()):
-        middle = (low + high + 1) // 2
-        agree = _hash_at(hashes, left, middle) == _hash_at(hashes, right, middle)
+        # a pair that already failed at length 1 is never retested below it, so testing
+        # length 1 again once converged on 0 changes nothing (and keeps indices >= 0)
+        middle = ((low + high + 1) // 2).clamp_(min=1)
+        agree = hashes.take(left + middle) == hashes.take(right + middle)
         low = torch.where(agree, middle, low)
         high = torch.where(agree, high, middle - 1)
     return low

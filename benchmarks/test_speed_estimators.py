@@ -1,0 +1,45 @@
+"""Estimator speed at three batch sizes, and the slow reference on the same batches.
+
+Run: python -m pytest benchmarks/test_speed_estimators.py --benchmark-only
+(``leaf bench speed`` runs this and prints the ratio table.)
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import leaf_plugins as lp
+from batches import SIZES, as_reference_groups, synthetic_batch
+from reference_estimators import estimate_groups
+
+ESTIMATORS = ["grpo", "leaf", "collision", "full_tree"]
+_BATCHES: dict[str, lp.RolloutBatch] = {}
+
+
+def batch_of(size: str) -> lp.RolloutBatch:
+    if size not in _BATCHES:
+        _BATCHES[size] = synthetic_batch(*SIZES[size])
+    return _BATCHES[size]
+
+
+@pytest.mark.parametrize("size", list(SIZES))
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_estimator_speed(benchmark, estimator, size):
+    batch = batch_of(size)
+    engine = lp.Engine(estimator)
+    benchmark.group = size
+    benchmark.extra_info.update(estimator=estimator, size=size, tokens=int(batch.lengths.sum()))
+    result = benchmark(engine.estimate, batch)
+    assert result.advantages.shape == batch.tokens.shape
+
+
+REFERENCE_CASES = [("grpo", "paper-6x8x200"), ("leaf", "paper-6x8x200"), ("collision", "paper-6x8x200"),
+                   ("leaf", "64x8x1024")]
+
+
+@pytest.mark.parametrize("estimator, size", REFERENCE_CASES)
+def test_reference_speed(benchmark, estimator, size):
+    groups = as_reference_groups(batch_of(size))
+    benchmark.group = size
+    benchmark.extra_info.update(estimator=f"{estimator} (reference)", size=size, tokens=int(batch_of(size).lengths.sum()))
+    benchmark.pedantic(estimate_groups, args=(groups, estimator), rounds=1, iterations=1)

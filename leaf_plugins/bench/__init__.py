@@ -1,0 +1,1 @@
+"""Benchmark reports: estimator speed (``speed``)."""
