@@ -10,7 +10,8 @@ from pathlib import Path
 from leaf_plugins.core.errors import ConfigError
 
 NAME = "bench"
-HELP = "Run benchmarks: 'speed' times every estimator at three batch sizes against GRPO and the reference."
+HELP = ("Run benchmarks: 'speed' times every estimator against GRPO and the reference; "
+        "'credit' measures credit quality against exact ground truth.")
 
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,6 +22,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     speed.add_argument("--out", type=Path, default=Path("results/speed"), help="directory for JSON, table and plot")
     speed.add_argument("--quick", action="store_true", help="skip the largest batch size")
     speed.set_defaults(bench=run_speed)
+    credit = sub.add_parser("credit", help="credit quality against exact values and gradients (tabular task)")
+    credit.add_argument("--out", type=Path, default=Path("results/credit"), help="directory for tables and plots")
+    credit.add_argument("--quick", action="store_true", help="a small run (seconds), e.g. for tests")
+    credit.add_argument("--seeds", type=int, help="environments (seeds) per regime")
+    credit.add_argument("--regimes", nargs="+", metavar="NAME", help="run only these regimes")
+    credit.set_defaults(bench=run_credit)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,4 +55,31 @@ def run_speed(args: argparse.Namespace) -> int:
     (args.out / "speed.md").write_text(table + "\n")
     plot_speed(rows, args.out / "speed.png")
     print("\n" + table + f"\n\nwritten: {args.out / 'speed.md'}, {args.out / 'speed.png'}, {report}")
+    return 0
+
+
+def run_credit(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from leaf_plugins.bench.credit.plots import plot_cosines, plot_learning
+    from leaf_plugins.bench.credit.sweep import Settings, markdown_table, regimes, run_sweep, write_csv
+    from leaf_plugins.core.errors import suggest
+
+    settings = Settings.quick() if args.quick else Settings()
+    if args.seeds:
+        settings = replace(settings, seeds=args.seeds)
+    known = {regime.name: regime for regime in regimes()}
+    for name in args.regimes or []:
+        if name not in known:
+            raise ConfigError(f"unknown regime {name!r}.{suggest(name, known)} Regimes: {', '.join(known)}")
+    chosen = [known[name] for name in args.regimes] if args.regimes else None
+    rows = run_sweep(settings, chosen)
+    args.out.mkdir(parents=True, exist_ok=True)
+    table = markdown_table(rows)
+    (args.out / "credit.md").write_text(table + "\n")
+    write_csv(rows, args.out / "credit.csv")
+    plot_cosines(rows, args.out / "gradient_cosine.png")
+    plot_learning(rows, args.out / "learning_curves.png")
+    print("\n" + table)
+    print(f"\nwritten: {args.out}/credit.md, credit.csv, gradient_cosine.png, learning_curves.png")
     return 0

@@ -1,0 +1,38 @@
+"""The estimators the benchmark compares: every registered one, and the exact oracle."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+
+from leaf_plugins.bench.credit.environment import Environment
+from leaf_plugins.bench.credit.exact import true_advantages
+from leaf_plugins.bench.credit.sampling import Groups
+from leaf_plugins.core.engine import Engine
+from leaf_plugins.core.plugins import get_host
+
+__all__ = ["ORACLE", "estimator_names", "advantages_of"]
+
+ORACLE = "oracle (true Q-V)"
+
+
+def estimator_names() -> list[str]:
+    """Every registered estimator (third-party ones included), then the oracle."""
+    return get_host().estimators.names() + [ORACLE]
+
+
+@lru_cache(maxsize=64)
+def _engine(name: str, fork_budget: int) -> Engine:
+    accepted = getattr(get_host().estimators.get(name), "parameters", ())
+    params = {"fork_budget": fork_budget} if "fork_budget" in accepted else {}
+    return Engine(name, params)
+
+
+def advantages_of(name: str, env: Environment, groups: Groups) -> tuple[torch.Tensor, object | None]:
+    """``[N, H]`` advantages of estimator ``name`` (its default parameters, with the
+    regime's fork budget where it has one) and the estimate result (None for the oracle)."""
+    if name == ORACLE:
+        return true_advantages(env, groups.tokens).float(), None
+    result = _engine(name, env.regime.fork_budget).estimate(groups.batch)
+    return result.advantages, result
