@@ -41,6 +41,7 @@ class CreditMeasures:
     """Gradient and token-credit quality of one estimator on one set of groups."""
 
     cosine: Interval  # per-group cosine(ĝ, ∇J)
+    group_cosines: torch.Tensor  # [G] the per-group cosines themselves (for paired comparisons)
     nmse: float  # mean ||c ĝ - ∇J||² / ||∇J||² with the best single scale c
     mean_gradient_cosine: float  # cosine(mean of ĝ over groups, ∇J): the bias of the direction
     token_correlation: Interval  # per-group Pearson correlation of A and Q - V
@@ -76,7 +77,7 @@ def measure_credit(env: Environment, groups: Groups, advantages: torch.Tensor) -
     mean_estimate = estimates.mean(dim=0)
     mean_cosine = float(mean_estimate @ truth / (mean_estimate.norm() * truth.norm()).clamp(min=1e-300))
     correlation = _group_correlations(advantages.double(), true_advantages(env, groups.tokens), groups)
-    return CreditMeasures(interval(cosine), nmse, mean_cosine, interval(correlation))
+    return CreditMeasures(interval(cosine), cosine, nmse, mean_cosine, interval(correlation))
 
 
 def _group_correlations(estimated: torch.Tensor, truth: torch.Tensor, groups: Groups) -> torch.Tensor:

@@ -15,7 +15,7 @@ from leaf_plugins.bench.credit.learning import learning_curve
 from leaf_plugins.bench.credit.measures import CreditMeasures, Interval, forkability, interval, measure_credit
 from leaf_plugins.bench.credit.sampling import sample_groups
 
-__all__ = ["Settings", "Row", "regimes", "run_sweep", "markdown_table", "write_csv"]
+__all__ = ["Settings", "Row", "regimes", "run_sweep", "paired_cosine_gain", "markdown_table", "write_csv"]
 
 BASE = Regime()
 
@@ -58,6 +58,7 @@ class Row:
     regime: str
     estimator: str
     cosine: Interval
+    group_cosines: torch.Tensor  # [seeds * groups], the same groups for every estimator of a regime
     nmse: float
     mean_gradient_cosine: float
     token_correlation: Interval
@@ -98,6 +99,7 @@ def _run_one(regime: Regime, name: str, settings: Settings) -> Row:
         regime=regime.name,
         estimator=name,
         cosine=_pooled([m.cosine for m in measures]),
+        group_cosines=torch.cat([m.group_cosines for m in measures]),
         nmse=sum(m.nmse for m in measures) / len(measures),
         mean_gradient_cosine=sum(m.mean_gradient_cosine for m in measures) / len(measures),
         token_correlation=_pooled([m.token_correlation for m in measures]),
@@ -119,13 +121,21 @@ def _pooled(parts: list[Interval]) -> Interval:
     return Interval(mean, half, total)
 
 
+def paired_cosine_gain(rows: list[Row], row: Row, baseline: str = "grpo") -> Interval | None:
+    """Per-group cosine minus the baseline's on the very same groups (mean, 95% CI)."""
+    other = next((r for r in rows if r.regime == row.regime and r.estimator == baseline), None)
+    if other is None:
+        return None
+    return interval(row.group_cosines - other.group_cosines)
+
+
 def markdown_table(rows: list[Row]) -> str:
     """The results table; the best value of each regime's gradient cosine is in bold
     (the oracle excluded)."""
     lines = [
-        "| regime | estimator | grad cosine (95% CI) | NMSE (best scale) | cos(mean grad) | token corr. (95% CI) "
-        "| reward after learning (95% CI) | LEAF fire rate | fired group size |",
-        "|---|---|---|---:|---:|---|---|---:|---:|",
+        "| regime | estimator | grad cosine (95% CI) | − grpo, paired (95% CI) | NMSE (best scale) | cos(mean grad) "
+        "| token corr. (95% CI) | reward after learning (95% CI) | LEAF fire rate | fired group size |",
+        "|---|---|---|---|---:|---:|---|---|---:|---:|",
     ]
     for regime in dict.fromkeys(row.regime for row in rows):
         members = [row for row in rows if row.regime == regime]
@@ -133,8 +143,10 @@ def markdown_table(rows: list[Row]) -> str:
         best = max(contenders, key=lambda row: row.cosine.mean).estimator if contenders else None
         for row in members:
             cosine = f"**{row.cosine}**" if row.estimator == best else str(row.cosine)
+            gain = paired_cosine_gain(rows, row)
+            gain_text = "–" if gain is None or row.estimator == "grpo" else f"{gain.mean:+.3f} ± {gain.half_width:.3f}"
             lines.append(
-                f"| {row.regime} | {row.estimator} | {cosine} | {row.nmse:.3f} | {row.mean_gradient_cosine:.3f} "
+                f"| {row.regime} | {row.estimator} | {cosine} | {gain_text} | {row.nmse:.3f} | {row.mean_gradient_cosine:.3f} "
                 f"| {row.token_correlation} | {row.final_reward} (from {row.start_reward:.3f}) "
                 f"| {row.fire_rate:.2f} | {row.fired_group_size:.1f} |"
             )
@@ -145,11 +157,14 @@ def write_csv(rows: list[Row], path: Path) -> None:
     """The table as CSV (one row per regime and estimator, CI bounds as columns)."""
     with Path(path).open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["regime", "estimator", "cosine", "cosine_ci", "nmse", "mean_gradient_cosine",
+        writer.writerow(["regime", "estimator", "cosine", "cosine_ci", "cosine_minus_grpo", "cosine_minus_grpo_ci",
+                         "nmse", "mean_gradient_cosine",
                          "token_correlation", "token_correlation_ci", "final_reward", "final_reward_ci",
                          "start_reward", "fire_rate", "fired_group_size"])
         for row in rows:
-            writer.writerow([row.regime, row.estimator, row.cosine.mean, row.cosine.half_width, row.nmse,
+            gain = paired_cosine_gain(rows, row) or Interval(float("nan"), float("nan"), 0)
+            writer.writerow([row.regime, row.estimator, row.cosine.mean, row.cosine.half_width, gain.mean,
+                             gain.half_width, row.nmse,
                              row.mean_gradient_cosine, row.token_correlation.mean, row.token_correlation.half_width,
                              row.final_reward.mean, row.final_reward.half_width, row.start_reward, row.fire_rate,
                              row.fired_group_size])

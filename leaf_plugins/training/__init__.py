@@ -1,0 +1,1 @@
+"""Training: the policy loss (and, as it grows, rollout, LoRA and the trainer loop)."""

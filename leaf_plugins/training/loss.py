@@ -1,0 +1,52 @@
+"""The clipped, KL-regularised token loss of the LEAF paper, Eq. (1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["PolicyLoss", "policy_loss"]
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """The loss and the statistics worth logging (all scalars)."""
+
+    loss: torch.Tensor  # differentiable
+    policy_term: torch.Tensor  # -E[min(ρA, clip(ρ)A)]
+    kl: torch.Tensor  # E[k3]
+    clip_fraction: torch.Tensor  # share of tokens where the clipped term was the minimum
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    reference_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_epsilon: float = 0.2,
+    kl_coefficient: float = 0.02,
+) -> PolicyLoss:
+    """``-E[min(ρA, clip(ρ, 1-ε, 1+ε)A)] + β E[exp(d) - d - 1]`` over response tokens.
+
+    :param logprobs: ``[N, T]`` log π_θ of the sampled tokens (differentiable).
+    :param old_logprobs: ``[N, T]`` log π_old (the rollout policy), no gradient.
+    :param reference_logprobs: ``[N, T]`` log π_ref, no gradient; ``d = log π_ref - log π_θ``
+        and ``exp(d) - d - 1`` is the k3 estimator of KL(π_θ || π_ref).
+    :param advantages: ``[N, T]`` token advantages.
+    :param mask: ``[N, T]`` bool, True on response tokens. The expectation is the mean over
+        all response tokens of the batch (every token weighs the same).
+    """
+    mask = mask.to(logprobs.dtype)
+    tokens = mask.sum().clamp(min=1)
+    ratio = torch.exp(logprobs - old_logprobs.detach())  # [N, T]
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1 - clip_epsilon, 1 + clip_epsilon) * advantages
+    surrogate = torch.minimum(unclipped, clipped)  # [N, T]
+    log_ratio_to_reference = reference_logprobs.detach() - logprobs  # d
+    k3 = torch.exp(log_ratio_to_reference) - log_ratio_to_reference - 1  # [N, T], >= 0
+    policy_term = -(surrogate * mask).sum() / tokens
+    kl = (k3 * mask).sum() / tokens
+    clip_fraction = ((clipped < unclipped).to(mask.dtype) * mask).sum() / tokens
+    return PolicyLoss(policy_term + kl_coefficient * kl, policy_term.detach(), kl.detach(), clip_fraction.detach())
