@@ -117,3 +117,15 @@ def test_stage_override_combines_collision_boundaries_with_leaf_credit():
 def test_unknown_estimator_suggests_and_lists():
     with pytest.raises(lp.UnknownNameError, match=r"Unknown estimator 'fulltree'\. Did you mean 'full_tree'\?"):
         lp.estimate(figure_one_batch(), "fulltree")
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "leaf", "collision", "full_tree"])
+def test_advantages_can_weight_a_differentiable_loss(estimator):
+    """Estimators compute internally without autograd; their output must still be an
+    ordinary tensor a loss can use."""
+    batch = figure_one_batch()
+    advantages = lp.estimate(batch, estimator).advantages
+    assert not torch.is_inference(advantages)
+    logprobs = torch.zeros(batch.tokens.shape, requires_grad=True)
+    (advantages * logprobs).sum().backward()
+    assert torch.equal(logprobs.grad, advantages)

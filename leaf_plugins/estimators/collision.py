@@ -24,6 +24,7 @@ class Collision(LEAF):
         return Boundaries(collision_boundaries(shortest_lengths(batch), params.fork_budget))
 
 
+@torch.inference_mode()
 def collision_boundaries(shortest: torch.Tensor, budget: int) -> torch.Tensor:
     """``[G, B]`` boundaries of the greedy scan in descending collision mass.
 

@@ -26,14 +26,21 @@ class GRPO:
 
     @hookimpl
     def compute_advantages(self, batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) -> torch.Tensor:
-        layout = batch.groups
-        rewards = batch.rewards.to(torch.float64)  # [N]
-        std = group_std(rewards, layout.index, layout.count, layout.sizes, nodes.root_value.double()[: layout.count])
-        scale = std.clamp(min=params.std_floor) + params.eps  # [G]
-        per_response = ((rewards - nodes.root_value.double()[layout.index]) / scale[layout.index]).float()  # [N]
+        per_response = _normalised_rewards(batch, nodes, params)  # [N]
         return torch.where(batch.mask, per_response.unsqueeze(1), 0.0)  # [N, T]
 
 
+@torch.inference_mode()
+def _normalised_rewards(batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) -> torch.Tensor:
+    """``[N]`` float32 (r_i - V0) / (max(std, std_floor) + eps) per response."""
+    layout = batch.groups
+    rewards = batch.rewards.to(torch.float64)  # [N]
+    std = group_std(rewards, layout.index, layout.count, layout.sizes, nodes.root_value.double())
+    scale = std.clamp(min=params.std_floor) + params.eps  # [G]
+    return ((rewards - nodes.root_value.double()[layout.index]) / scale[layout.index]).float()
+
+
+@torch.inference_mode()
 def root_only_nodes(batch: RolloutBatch) -> Nodes:
     """No retained node; only the group means (root values)."""
     layout = batch.groups

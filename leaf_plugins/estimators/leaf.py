@@ -36,6 +36,7 @@ class LEAF:
         return span_advantages(batch, nodes, params)
 
 
+@torch.inference_mode()
 def surprisal_boundaries(batch: RolloutBatch, budget: int, horizon: str) -> torch.Tensor:
     """``[G, B]`` LEAF boundaries (spec, step 1).
 
@@ -60,8 +61,9 @@ def surprisal_boundaries(batch: RolloutBatch, budget: int, horizon: str) -> torc
         candidate = (positions >= 1) & (positions < batch.lengths.unsqueeze(1))  # [N, R]
         scores = torch.where(candidate, batch.surprisal[:, :reach], lowest)
         window = None
-    if layout.uniform_size:  # responses of a group are consecutive rows: a view, no scatter
-        score = scores.reshape(layout.count, layout.uniform_size, reach).amax(dim=1)  # [G, R]
+    if layout.uniform_size and window is not None:  # a group's responses are consecutive rows: a view
+        grouped = batch.surprisal.view(layout.count, layout.uniform_size, batch.width)[:, :, :reach]
+        score = grouped.amax(dim=1)  # [G, R]
     else:
         score = torch.full((layout.count, reach), lowest, dtype=scores.dtype, device=batch.device)
         score = score.scatter_reduce(0, layout.index.unsqueeze(1).expand_as(scores), scores, reduce="amax")

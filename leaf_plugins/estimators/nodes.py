@@ -18,6 +18,7 @@ def root_values(batch: RolloutBatch) -> torch.Tensor:
     return group_mean(batch.rewards.double(), layout.index, layout.count, layout.sizes).float()
 
 
+@torch.inference_mode()
 def boundary_nodes(batch: RolloutBatch, prefixes: SortedPrefixes, positions: torch.Tensor, min_group: int) -> Nodes:
     """Group responses by exact prefix at each selected boundary; groups of at least
     ``min_group`` members become nodes (spec, LEAF step 2).
@@ -53,6 +54,7 @@ def boundary_nodes(batch: RolloutBatch, prefixes: SortedPrefixes, positions: tor
     )
 
 
+@torch.inference_mode()
 def trie_nodes(batch: RolloutBatch, prefixes: SortedPrefixes, min_group: int) -> Nodes:
     """Every branching set of the compressed prefix trie with at least ``min_group``
     members, at the position where its members stop sharing their prefix (spec,

@@ -41,6 +41,7 @@ class SortedPrefixes:
 
     # ------------------------------------------------------------------ construction
     @classmethod
+    @torch.inference_mode()
     def at_boundaries(cls, batch: RolloutBatch, positions: torch.Tensor) -> "SortedPrefixes":
         """An order in which the prefix classes at the given boundaries are contiguous.
 
@@ -54,7 +55,10 @@ class SortedPrefixes:
         except OverflowError:
             return cls.lexicographic_exact(batch)
         keys = _hash_at(hashes, torch.arange(batch.size, device=batch.device).unsqueeze(1), boundary)  # [N, B]
-        order = _lexsort([batch.groups.index, *keys.unbind(dim=1)])
+        # rows with equal (group, key_1 … key_B) become neighbours; any order of the
+        # distinct key rows will do, so the float64 hashes are sorted by their bit patterns
+        keyed = torch.cat([batch.groups.index.unsqueeze(1), keys.view(torch.int64)], dim=1)  # [N, B+1]
+        order = torch.argsort(torch.unique(keyed, dim=0, return_inverse=True)[1], stable=True)
         prefixes = cls._from_order(batch, order, tokens)
         group, lcp = prefixes.group, prefixes.lcp
         same = (group[1:] == group[:-1]).unsqueeze(1)  # [N-1, 1]
@@ -66,6 +70,7 @@ class SortedPrefixes:
         return prefixes
 
     @classmethod
+    @torch.inference_mode()
     def lexicographic(cls, batch: RolloutBatch) -> "SortedPrefixes":
         """Responses in (group, lexicographic) order: every prefix class at every depth is
         contiguous (padding ``-1`` sorts before every token)."""
@@ -91,6 +96,7 @@ class SortedPrefixes:
         return prefixes
 
     @classmethod
+    @torch.inference_mode()
     def lexicographic_exact(cls, batch: RolloutBatch) -> "SortedPrefixes":
         """The (group, lexicographic) order by a direct sort of the rows (slow when
         responses share long prefixes; the fallback of the two methods above)."""
@@ -247,14 +253,6 @@ def _first_difference(upper: torch.Tensor, lower: torch.Tensor) -> torch.Tensor:
     first = differs.view(torch.uint8).argmax(dim=1)  # [M]
     found = differs.gather(1, first.unsqueeze(1)).squeeze(1)
     return torch.where(found, first, width)
-
-
-def _lexsort(keys: list[torch.Tensor]) -> torch.Tensor:
-    """Indices that sort rows by ``keys[0]``, then ``keys[1]``, … (all ``[N]``)."""
-    order = torch.arange(keys[0].numel(), device=keys[0].device)
-    for key in reversed(keys):
-        order = order[torch.argsort(key[order], stable=True)]
-    return order
 
 
 def _members(index: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:

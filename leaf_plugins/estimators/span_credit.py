@@ -23,13 +23,26 @@ STD_FLOOR = 1e-6
 
 def span_advantages(batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) -> torch.Tensor:
     """Per-token advantages ``[N, T]`` float32 (0 on padding) from the nodes' paths."""
+    values, sizes = _segment_table(batch, nodes, params)
+    # the one [N, T] operation runs outside inference mode: its output is an ordinary
+    # tensor that a loss may multiply with differentiable log-probabilities
+    return torch.repeat_interleave(values.reshape(-1), sizes.reshape(-1), output_size=batch.size * batch.width).view(
+        batch.size, batch.width
+    )
+
+
+@torch.inference_mode()
+def _segment_table(batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """Normalised segment values and sizes ``[N, D+2]`` whose sizes add up to ``T`` per row:
+    the segments of the response, then the padding ``[H_i, T)`` as a zero segment."""
     values, starts = _segments(batch, nodes, params.terms)  # [N, D+1] each
     lengths = batch.lengths.unsqueeze(1)  # [N, 1]
     starts = torch.minimum(starts, lengths)  # a segment starting past the end is empty
     ends = torch.cat([starts[:, 1:], lengths], dim=1)  # [N, D+1]
-    sizes = (ends - starts).clamp(min=0)  # tokens per segment
-    values = _normalise(values, sizes, batch, params.normalize)
-    return _paint(values, starts, batch)
+    values = _normalise(values, (ends - starts).clamp(min=0), batch, params.normalize)
+    bounds = torch.cat([starts, lengths, torch.full_like(lengths, batch.width)], dim=1)  # [N, D+3]
+    table = torch.cat([values, torch.zeros_like(values[:, :1])], dim=1).float()  # [N, D+2]
+    return table, torch.diff(bounds, dim=1)
 
 
 def _segments(batch: RolloutBatch, nodes: Nodes, terms: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,18 +106,3 @@ def _normalise(values: torch.Tensor, sizes: torch.Tensor, batch: RolloutBatch, h
     square = group_sum((centred * centred * weights).sum(dim=1), index, groups)
     std = (square / (counts - 1).clamp(min=1)).sqrt() * (counts > 1)
     return centred / std.clamp(min=STD_FLOOR)[index].unsqueeze(1)
-
-
-def _paint(values: torch.Tensor, starts: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:
-    """``[N, T]`` float32: each token takes the value of its segment; padding is 0.
-
-    Segment starts are non-decreasing and at most ``H_i``; with the padding ``[H_i, T)``
-    as a last, zero-valued segment, the segment sizes of every row add up to ``T`` and
-    the whole batch is one ``repeat_interleave``.
-    """
-    n, width = batch.size, batch.width
-    lengths = batch.lengths.unsqueeze(1)  # [N, 1]
-    bounds = torch.cat([starts, lengths, torch.full_like(lengths, width)], dim=1)  # [N, D+3]
-    sizes = torch.diff(bounds, dim=1)  # [N, D+2]
-    table = torch.cat([values, torch.zeros_like(values[:, :1])], dim=1).float()  # [N, D+2]
-    return torch.repeat_interleave(table.reshape(-1), sizes.reshape(-1), output_size=n * width).view(n, width)
