@@ -15,11 +15,11 @@ if ! command -v espeak-ng >/dev/null 2>&1; then
   fi
 fi
 
-PIP="python -m pip --disable-pip-version-check --root-user-action=ignore -q"
+PIP_INSTALL="python -m pip --disable-pip-version-check -q install --root-user-action=ignore"
 TORCH_SPEC="${LEAF_TORCH_SPEC-torch==2.13.0}"
 if [ -n "$TORCH_SPEC" ] && ! python -c "import torch" >/dev/null 2>&1; then
   echo "installing $TORCH_SPEC"
-  $PIP install "$TORCH_SPEC"
+  $PIP_INSTALL "$TORCH_SPEC"
 fi
 echo "installing leaf-plugins and its dependencies"
-$PIP install -e ".[test]"
+$PIP_INSTALL -e ".[test]"
