@@ -1,0 +1,117 @@
+"""Qwen2-Audio backbones: Qwen2-Audio-7B, -Instruct, and a tiny random-weight one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from transformers import (
+    AutoProcessor,
+    Qwen2AudioConfig,
+    Qwen2AudioForConditionalGeneration,
+    Qwen2AudioProcessor,
+    WhisperFeatureExtractor,
+)
+
+from leaf_plugins.backbones.base import AUDIO_PLACEHOLDER, LoadedBackbone
+from leaf_plugins.backbones.tokenizer import train_tokenizer
+from leaf_plugins.core.hookspecs import hookimpl
+
+__all__ = ["Qwen2AudioBackbone", "QWEN_AUDIO_TEXT", "tiny_qwen2_audio"]
+
+QWEN_AUDIO_TEXT = "<|audio_bos|><|AUDIO|><|audio_eos|>"
+"""What ``<|audio|>`` becomes in a Qwen2-Audio prompt; the processor expands ``<|AUDIO|>``."""
+
+# The language model's linear layers only: the audio tower has q/k/v projections too.
+LANGUAGE_MODEL_LINEARS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+
+
+@dataclass
+class Qwen2AudioBackbone:
+    """A Qwen2-Audio checkpoint (hub id or local directory), or a tiny random one."""
+
+    hub_id: str | None
+    chat: bool  # the -Instruct model takes a chat template; the base model a plain prompt
+    dtype: str = "bfloat16"
+    lora_targets: Any = LANGUAGE_MODEL_LINEARS
+    sampling_rate: int = 16000
+    build_tiny: Callable[[int], LoadedBackbone] | None = field(default=None, repr=False)
+
+    def load(self, path: str | None = None, dtype: str | None = None, seed: int = 0) -> LoadedBackbone:
+        """Load from ``path`` (a hub id or a local directory; default ``hub_id``), or build
+        the tiny random-weight model from ``seed``."""
+        if self.build_tiny is not None and path is None:
+            return self.build_tiny(seed)
+        source = path or self.hub_id
+        processor = AutoProcessor.from_pretrained(source)
+        model = Qwen2AudioForConditionalGeneration.from_pretrained(source, dtype=getattr(torch, dtype or self.dtype))
+        return LoadedBackbone(model=model, processor=processor, tokenizer=processor.tokenizer, spec=self)
+
+    def build_inputs(
+        self, loaded: LoadedBackbone, prompts: Sequence[str], audios: Sequence[np.ndarray]
+    ) -> dict[str, torch.Tensor]:
+        """Prompts with ``<|audio|>`` rewritten, the chat template applied (Instruct),
+        left-padded and tokenised with the audio features."""
+        texts = [self.prompt_text(loaded, prompt) for prompt in prompts]
+        loaded.tokenizer.padding_side = "left"
+        batch = loaded.processor(
+            text=texts, audio=list(audios), sampling_rate=self.sampling_rate, return_tensors="pt", padding=True
+        )
+        return dict(batch)
+
+    def prompt_text(self, loaded: LoadedBackbone, prompt: str) -> str:
+        """The text the model reads for one task prompt."""
+        if AUDIO_PLACEHOLDER not in prompt:
+            raise ValueError(f"prompt has no {AUDIO_PLACEHOLDER} placeholder: {prompt!r}")
+        text = prompt.replace(AUDIO_PLACEHOLDER, QWEN_AUDIO_TEXT)
+        if not self.chat:
+            return text
+        messages = [{"role": "user", "content": text}]
+        return loaded.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def tiny_qwen2_audio(seed: int, clip_seconds: int = 8) -> LoadedBackbone:
+    """A random-weight Qwen2AudioForConditionalGeneration with 2 small layers and an
+    offline tokenizer; clips up to ``clip_seconds`` (the Whisper front end pads to it)."""
+    tokenizer = train_tokenizer(
+        ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>"],
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+    )
+    tokenizer.audio_token, tokenizer.audio_bos_token, tokenizer.audio_eos_token = (
+        "<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>"
+    )
+    mel_bins = 16
+    features = WhisperFeatureExtractor(
+        feature_size=mel_bins, sampling_rate=16000, hop_length=160, chunk_length=clip_seconds, n_fft=400
+    )
+    processor = Qwen2AudioProcessor(feature_extractor=features, tokenizer=tokenizer)
+    config = Qwen2AudioConfig(
+        audio_config=dict(
+            num_mel_bins=mel_bins, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=64, d_model=32,
+            max_source_positions=clip_seconds * 50,  # the mel input must be exactly 2 × this many frames
+        ),
+        text_config=dict(
+            model_type="qwen2", vocab_size=len(tokenizer), hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True,
+        ),
+        audio_token_index=tokenizer.convert_tokens_to_ids("<|AUDIO|>"),
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = Qwen2AudioForConditionalGeneration(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return LoadedBackbone(model=model, processor=processor, tokenizer=tokenizer, spec=TINY)
+
+
+TINY = Qwen2AudioBackbone(hub_id=None, chat=True, dtype="float32", build_tiny=tiny_qwen2_audio)
+
+
+@hookimpl
+def register_backbones(register) -> None:  # type: ignore[no-untyped-def]
+    register("qwen2-audio-7b", Qwen2AudioBackbone(hub_id="Qwen/Qwen2-Audio-7B", chat=False))
+    register("qwen2-audio-7b-instruct", Qwen2AudioBackbone(hub_id="Qwen/Qwen2-Audio-7B-Instruct", chat=True))
+    register("tiny-qwen2-audio", TINY)

@@ -1,0 +1,153 @@
+"""Rollout: K sampled responses per prompt with their log-probabilities and surprisal,
+and teacher-forced log-probabilities of given responses (for the loss).
+
+Two distributions are involved at every sampled position:
+
+* the *sampling* distribution: the model's logits divided by the temperature, then
+  top-p filtered (what ``generate`` samples from);
+* the *policy* distribution: the logits divided by the temperature, without top-p.
+
+``logprobs`` (π_old in the loss ratio) are always under the policy distribution, which is
+what ``response_logprobs`` computes for π_θ and π_ref, so the ratio is 1 before the first
+update. ``surprisal_from`` chooses the distribution of the surprisal LEAF uses to pick
+boundaries: ``"sampling"`` (the default, as the authors' code: after temperature and
+top-p) or ``"policy"`` (``-logprobs``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from leaf_plugins.backbones.base import LoadedBackbone
+from leaf_plugins.core.batch import RolloutBatch
+
+__all__ = ["Rollout", "sample_responses", "response_logprobs", "audio_token_ids", "SURPRISAL_SOURCES"]
+
+SURPRISAL_SOURCES = ("sampling", "policy")
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """Sampled responses (rewards not yet scored: all 0)."""
+
+    batch: RolloutBatch  # tokens (EOS included, -1 padded), surprisal, logprobs
+    prompt_index: torch.Tensor  # [N] int64: the prompt each response answers (K consecutive rows each)
+    texts: list[str]  # decoded responses, special tokens skipped
+
+
+@torch.no_grad()
+def sample_responses(
+    model: torch.nn.Module,
+    loaded: LoadedBackbone,
+    inputs: dict[str, torch.Tensor],
+    group_size: int,
+    max_new_tokens: int = 200,
+    temperature: float = 1.0,
+    top_p: float = 0.9,
+    surprisal_from: str = "sampling",
+    group_ids: Sequence[int] | None = None,
+) -> Rollout:
+    """Sample ``group_size`` responses for every prompt of ``inputs`` (left padded).
+
+    Generation stops at EOS, which belongs to the response; what follows is padding.
+    """
+    if surprisal_from not in SURPRISAL_SOURCES:
+        raise ValueError(f"surprisal_from must be one of {SURPRISAL_SOURCES}, got {surprisal_from!r}")
+    tokenizer = loaded.tokenizer
+    output = model.generate(
+        **inputs,
+        suppress_tokens=audio_token_ids(tokenizer) or None,
+        do_sample=True,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=0,
+        max_new_tokens=max_new_tokens,
+        num_return_sequences=group_size,
+        output_scores=True,
+        output_logits=True,
+        return_dict_in_generate=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    prompt_width = inputs["input_ids"].shape[1]
+    generated = output.sequences[:, prompt_width:]  # [N, T]
+    lengths = _response_lengths(generated, tokenizer.eos_token_id)  # [N]
+    width = generated.shape[1]
+    real = torch.arange(width, device=generated.device).unsqueeze(0) < lengths.unsqueeze(1)  # [N, T]
+    policy_logits = torch.stack(output.logits, dim=1).float() / temperature  # [N, T, V]
+    logprobs = _taken(torch.log_softmax(policy_logits, dim=-1), generated)  # [N, T]
+    if surprisal_from == "sampling":
+        sampling_scores = torch.stack(output.scores, dim=1).float()  # after temperature and top-p
+        surprisal = -_taken(torch.log_softmax(sampling_scores, dim=-1), generated)
+    else:
+        surprisal = -logprobs
+    prompts = inputs["input_ids"].shape[0]
+    prompt_index = torch.arange(prompts, device=generated.device).repeat_interleave(group_size)  # [N]
+    ids = torch.as_tensor(list(group_ids), device=generated.device)[prompt_index] if group_ids is not None else prompt_index
+    batch = RolloutBatch(
+        tokens=torch.where(real, generated, -1).cpu(),
+        lengths=lengths.cpu(),
+        group_ids=ids.cpu(),
+        rewards=torch.zeros(generated.shape[0]),
+        surprisal=torch.where(real, surprisal, 0.0).cpu(),
+        logprobs=torch.where(real, logprobs, 0.0).cpu(),
+        vocab_size=len(tokenizer),
+    )
+    texts = tokenizer.batch_decode(torch.where(real, generated, tokenizer.pad_token_id), skip_special_tokens=True)
+    return Rollout(batch=batch, prompt_index=prompt_index.cpu(), texts=texts)
+
+
+def response_logprobs(
+    model: torch.nn.Module,
+    inputs: dict[str, torch.Tensor],
+    responses: torch.Tensor,
+    lengths: torch.Tensor,
+    prompt_index: torch.Tensor,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """``[N, T]`` float32 log-probabilities of the response tokens under the policy
+    distribution (logits / temperature), teacher forced, 0 on padding; differentiable.
+
+    :param inputs: the prompts' model inputs (left padded), one row per prompt.
+    :param responses: ``[N, T]`` response token ids, ``-1`` on padding.
+    :param prompt_index: ``[N]`` the prompt row of each response.
+    """
+    device = inputs["input_ids"].device
+    responses, lengths, prompt_index = responses.to(device), lengths.to(device), prompt_index.to(device)
+    width = responses.shape[1]
+    real = torch.arange(width, device=device).unsqueeze(0) < lengths.unsqueeze(1)  # [N, T]
+    prompt_ids = inputs["input_ids"][prompt_index]  # [N, P]
+    prompt_mask = inputs["attention_mask"][prompt_index]  # [N, P]
+    ids = torch.cat([prompt_ids, torch.where(real, responses, 0)], dim=1)  # [N, P+T]
+    mask = torch.cat([prompt_mask, real.to(prompt_mask.dtype)], dim=1)
+    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # as generate computes them for left padding
+    extra: dict[str, Any] = {
+        key: value[prompt_index] for key, value in inputs.items() if key not in ("input_ids", "attention_mask")
+    }
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, **extra).logits  # [N, P+T, V]
+    predicting = logits[:, prompt_ids.shape[1] - 1 : -1].float() / temperature  # [N, T, V]
+    taken = _taken(torch.log_softmax(predicting, dim=-1), torch.where(real, responses, 0))
+    return torch.where(real, taken, 0.0)
+
+
+def audio_token_ids(tokenizer: Any) -> list[int]:
+    """Ids of the audio placeholder tokens (never part of a response: the processor
+    would take them for audio slots)."""
+    names = ("audio_token", "audio_bos_token", "audio_eos_token")
+    tokens = [getattr(tokenizer, name, None) for name in names]
+    return [tokenizer.convert_tokens_to_ids(token) for token in tokens if isinstance(token, str)]
+
+
+def _taken(log_probabilities: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """``[N, T]`` log-probability of each token from ``[N, T, V]``."""
+    return log_probabilities.gather(2, tokens.unsqueeze(2)).squeeze(2)
+
+
+def _response_lengths(generated: torch.Tensor, eos_token_id: int) -> torch.Tensor:
+    """``[N]``: up to and including the first EOS, or every generated token."""
+    is_eos = generated == eos_token_id  # [N, T]
+    first = is_eos.to(torch.uint8).argmax(dim=1)
+    return torch.where(is_eos.any(dim=1), first + 1, generated.shape[1])
