@@ -96,6 +96,7 @@ def tiny_qwen2_audio(seed: int, clip_seconds: int = 8) -> LoadedBackbone:
         text_config=dict(
             model_type="qwen2", vocab_size=len(tokenizer), hidden_size=48, intermediate_size=96, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True,
+            initializer_range=0.2,  # peaked like a trained LM (0.02 gives near-uniform logits LoRA can hardly move)
         ),
         audio_token_index=tokenizer.convert_tokens_to_ids("<|AUDIO|>"),
     )

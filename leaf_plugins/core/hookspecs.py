@@ -26,6 +26,9 @@ import pluggy
 if TYPE_CHECKING:
     import torch
 
+    from leaf_plugins.training.rollout import Rollout
+    from leaf_plugins.training.trainer import StepContext
+
     from leaf_plugins.core.batch import RolloutBatch
     from leaf_plugins.core.params import EstimatorParams
     from leaf_plugins.core.tree import Boundaries, EstimateResult, Nodes
@@ -121,3 +124,31 @@ class LeafSpecs:
     def on_estimate(self, batch: RolloutBatch, result: EstimateResult) -> None:
         """Called after every estimate with the batch and the full result (boundaries,
         nodes, advantages). For logging and analysis; must not modify either."""
+
+    # ------------------------------------------------------------------ training stages
+    @hookspec(firstresult=True)
+    def rollout(self, context: StepContext) -> Rollout | None:
+        """Sample K responses for each prompt of the step.
+
+        :param context: the step: model, backbone, model inputs of the prompts, the
+            examples, the run configuration.
+        :return: a ``Rollout`` (batch with surprisal and log-probs, prompt index, texts).
+
+        Stops at first non-None result.
+        """
+
+    @hookspec(firstresult=True)
+    def score_rollouts(self, context: StepContext, rollout: Rollout) -> torch.Tensor | None:
+        """Score every response.
+
+        :param context: the step (its examples hold the references).
+        :param rollout: the sampled responses.
+        :return: float32 ``[N]`` rewards.
+
+        Stops at first non-None result.
+        """
+
+    @hookspec
+    def on_step_end(self, step: int, metrics: dict[str, float]) -> None:
+        """Called after every optimizer step with the step's metrics (reward, loss, KL,
+        clip fraction, advantage statistics, timings). For logging; must not modify them."""

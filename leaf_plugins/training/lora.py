@@ -1,0 +1,36 @@
+"""LoRA on the language model through peft; the reference policy is the same model
+with the adapter disabled (no second copy of the weights)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+
+from leaf_plugins.backbones.base import LoadedBackbone
+
+__all__ = ["attach_lora", "reference_policy", "lora_state"]
+
+
+def attach_lora(loaded: LoadedBackbone, rank: int = 64, alpha: int = 128, dropout: float = 0.05) -> PeftModel:
+    """Wrap the backbone's model with a fresh LoRA adapter on the modules named by the
+    backbone's ``lora_targets`` (language-model linears only). A backbone whose
+    checkpoint ships its own adapter must merge it into the base weights in ``load``, so
+    that the disabled-adapter reference is the model users actually run."""
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=loaded.spec.lora_targets,
+                        bias="none")
+    return get_peft_model(loaded.model, config)
+
+
+@contextlib.contextmanager
+def reference_policy(model: PeftModel) -> Iterator[None]:
+    """Inside this block the model computes π_ref: the adapter is disabled."""
+    with model.disable_adapter():
+        yield
+
+
+def lora_state(model: PeftModel) -> dict[str, torch.Tensor]:
+    """The trainable LoRA tensors by name (what a checkpoint and the 2-process test compare)."""
+    return {name: parameter.detach().clone() for name, parameter in model.named_parameters() if parameter.requires_grad}

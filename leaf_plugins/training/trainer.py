@@ -1,0 +1,263 @@
+"""The training loop: rollout → rewards → estimator → clipped KL loss → optimizer step.
+
+Rollout and scoring are hooks (``rollout``, ``score_rollouts``) on the run's plugin
+manager, next to the estimator's stages, so a plugin can replace any of them. Runs work
+unchanged under ``accelerate launch`` (each process takes its share of the step's
+prompts; gradients are averaged by DDP), resume exactly from their newest checkpoint,
+and save one on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from accelerate import Accelerator
+from tqdm import tqdm
+
+from leaf_plugins.backbones.base import LoadedBackbone
+from leaf_plugins.core.engine import Engine
+from leaf_plugins.core.hookspecs import hookimpl
+from leaf_plugins.core.plugins import PluginHost, get_host
+from leaf_plugins.tasks.base import Example
+from leaf_plugins.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from leaf_plugins.training.config import TrainConfig
+from leaf_plugins.training.lora import attach_lora, reference_policy
+from leaf_plugins.training.loss import policy_loss
+from leaf_plugins.training.rollout import Rollout, response_logprobs, sample_responses
+
+__all__ = ["StepContext", "DefaultStages", "Trainer"]
+
+
+@dataclass
+class StepContext:
+    """What the stage hooks of one step see."""
+
+    step: int
+    model: Any  # the PeftModel (unwrapped from DDP)
+    loaded: LoadedBackbone
+    examples: list[Example]  # this process's prompts of the step
+    inputs: dict[str, torch.Tensor]  # their model inputs (left padded)
+    config: TrainConfig
+
+
+class DefaultStages:
+    """The built-in rollout (Hugging Face ``generate`` with sampling) and scoring (the
+    run's registered reward against each example's reference)."""
+
+    def __init__(self, reward: Any) -> None:
+        self.reward = reward
+
+    @hookimpl
+    def rollout(self, context: StepContext) -> Rollout:
+        settings = context.config.rollout
+        return sample_responses(
+            context.model,
+            context.loaded,
+            context.inputs,
+            group_size=settings.group_size,
+            max_new_tokens=settings.max_new_tokens,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            surprisal_from=settings.surprisal_from,
+            group_ids=[context.step * 1_000_000 + i for i in range(len(context.examples))],
+        )
+
+    @hookimpl
+    def score_rollouts(self, context: StepContext, rollout: Rollout) -> torch.Tensor:
+        references = [context.examples[i].reference for i in rollout.prompt_index.tolist()]
+        return torch.tensor(self.reward(rollout.texts, references), dtype=torch.float32)
+
+
+class Trainer:
+    """One run: ``Trainer(config, examples).run()``."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        examples: Sequence[Example],
+        plugins: Sequence[object] = (),
+        accelerator: Accelerator | None = None,
+        host: PluginHost | None = None,
+    ) -> None:
+        if not examples:
+            raise ValueError("no training examples")
+        self.config = config
+        self.examples = list(examples)
+        self.output_dir = Path(config.output_dir)
+        trackers = "tensorboard" if importlib.util.find_spec("tensorboard") else None
+        self.accelerator = accelerator or Accelerator(log_with=trackers, project_dir=str(self.output_dir))
+        host = host or get_host()
+        self.backbone = host.backbones.get(config.backbone.name)
+        reward = host.rewards.get(config.reward)
+        torch.manual_seed(config.seed)
+        self.loaded = self.backbone.load(path=config.backbone.path, dtype=config.backbone.dtype, seed=config.backbone.seed)
+        model = attach_lora(self.loaded, config.lora.rank, config.lora.alpha, config.lora.dropout)
+        optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=config.optim.learning_rate)
+        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self.completed = 0  # optimizer steps done
+        self.engine = Engine(
+            config.estimator.name,
+            config.estimator.params,
+            config.estimator.stages,
+            observers=[DefaultStages(reward), *plugins],
+            host=host,
+        )
+
+    @property
+    def policy(self) -> Any:
+        """The PeftModel itself (not the DDP wrapper)."""
+        return self.accelerator.unwrap_model(self.model)
+
+    # ------------------------------------------------------------------ the run
+    def run(self) -> list[dict[str, float]]:
+        """Train from the newest checkpoint (or the start) to ``config.steps``; return the
+        metrics of the steps run now. Ctrl-C saves a checkpoint before stopping."""
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        start = self._resume()
+        if self.accelerator.is_main_process:
+            self.accelerator.init_trackers("leaf", config=_flat(asdict(self.config)))
+        done: list[dict[str, float]] = []
+        progress = tqdm(total=self.config.steps, initial=start, desc="training", unit="step",
+                        disable=not self.accelerator.is_main_process)
+        self.completed = start
+        try:
+            while self.completed < self.config.steps:
+                metrics = self.train_step(self.completed)  # advances self.completed at its optimizer step
+                step = self.completed
+                done.append(metrics)
+                self._log(step, metrics)
+                self.engine.manager.hook.on_step_end(step=step, metrics=metrics)
+                progress.update(1)
+                progress.set_postfix(reward=f"{metrics['reward_mean']:.3f}", loss=f"{metrics['loss']:.4f}")
+                if step % self.config.checkpoint_every == 0 or step == self.config.steps:
+                    self._save(step)
+        except KeyboardInterrupt:  # the weights are those of the last completed optimizer step
+            self._save(self.completed)
+            raise
+        finally:
+            progress.close()
+            self.accelerator.end_training()
+        return done
+
+    def train_step(self, step: int) -> dict[str, float]:
+        """One optimizer step on this step's prompts; ``self.completed`` becomes
+        ``step + 1`` as soon as the optimizer has stepped."""
+        config = self.config
+        examples = self._prompts_of(step)
+        inputs = self.backbone.build_inputs(self.loaded, [e.prompt for e in examples], [e.audio for e in examples])
+        inputs = {key: value.to(self.accelerator.device) for key, value in inputs.items()}
+        context = StepContext(step, self.policy, self.loaded, examples, inputs, config)
+        hook = self.engine.manager.hook
+        started = time.perf_counter()
+        torch.manual_seed(config.seed * 1_000_003 + step * 1_009 + self.accelerator.process_index)
+        self.model.eval()
+        rollout = hook.rollout(context=context)
+        rewards = hook.score_rollouts(context=context, rollout=rollout)
+        batch = rollout.batch.with_rewards(rewards)
+        sampled = time.perf_counter()
+        result = self.engine.estimate(batch)
+        estimated = time.perf_counter()
+        losses = self._update(inputs, rollout, batch, result.advantages)
+        updated = time.perf_counter()
+        advantages = result.advantages[batch.mask]
+        metrics = {
+            "reward_mean": float(rewards.mean()),
+            "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+            "response_tokens_mean": float(batch.lengths.float().mean()),
+            "advantage_mean": float(advantages.mean()) if advantages.numel() else 0.0,
+            "advantage_abs_mean": float(advantages.abs().mean()) if advantages.numel() else 0.0,
+            **losses,
+            "rollout_seconds": sampled - started,
+            "estimator_seconds": estimated - sampled,
+            "update_seconds": updated - estimated,
+        }
+        return metrics
+
+    # ------------------------------------------------------------------ pieces
+    def _update(self, inputs: dict[str, torch.Tensor], rollout: Rollout, batch: Any, advantages: torch.Tensor) -> dict:
+        """Clipped KL loss over micro-batches of prompts (gradients accumulated), one step."""
+        config = self.config
+        self.model.train()
+        self.optimizer.zero_grad()
+        prompts = inputs["input_ids"].shape[0]
+        size = config.optim.micro_batch_prompts
+        chunks = [list(range(i, min(i + size, prompts))) for i in range(0, prompts, size)]
+        totals = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
+        for index, chunk in enumerate(chunks):
+            rows = torch.nonzero(torch.isin(rollout.prompt_index, torch.tensor(chunk))).squeeze(1)
+            local = {key: value[chunk] for key, value in inputs.items()}
+            prompt_index = rollout.prompt_index[rows] - chunk[0]
+            tokens, lengths = batch.tokens[rows], batch.lengths[rows]
+            device = self.accelerator.device
+            mask = (torch.arange(batch.width).unsqueeze(0) < lengths.unsqueeze(1)).to(device)
+            with torch.no_grad(), reference_policy(self.policy):
+                reference = response_logprobs(self.policy, local, tokens, lengths, prompt_index, config.rollout.temperature)
+            sync = self.accelerator.no_sync(self.model) if index < len(chunks) - 1 else contextlib.nullcontext()
+            with sync:
+                current = response_logprobs(self.model, local, tokens, lengths, prompt_index, config.rollout.temperature)
+                loss = policy_loss(
+                    current, batch.logprobs[rows].to(device), reference, advantages[rows].to(device), mask,
+                    config.optim.clip_epsilon, config.optim.kl_coefficient,
+                )
+                self.accelerator.backward(loss.loss / len(chunks))
+            totals["loss"] += float(loss.loss.detach()) / len(chunks)
+            totals["kl"] += float(loss.kl) / len(chunks)
+            totals["clip_fraction"] += float(loss.clip_fraction) / len(chunks)
+        self.optimizer.step()
+        self.completed += 1
+        self.model.eval()
+        return totals
+
+    def _prompts_of(self, step: int) -> list[Example]:
+        """This process's share of the step's prompts: epochs of seeded permutations."""
+        count = len(self.examples)
+        per_step = self.config.rollout.prompts_per_step
+        chosen = []
+        for slot in range(step * per_step, (step + 1) * per_step):
+            epoch, position = divmod(slot, count)
+            order = torch.randperm(count, generator=torch.Generator().manual_seed(self.config.seed * 7919 + epoch))
+            chosen.append(self.examples[int(order[position])])
+        return chosen[self.accelerator.process_index :: self.accelerator.num_processes]
+
+    def _resume(self) -> int:
+        found = latest_checkpoint(self.output_dir)
+        if found is None:
+            return 0
+        step = load_checkpoint(found, self.policy, self.optimizer)
+        metrics = self.output_dir / "metrics.jsonl"
+        if metrics.exists() and self.accelerator.is_main_process:  # drop steps logged after that checkpoint
+            kept = [line for line in metrics.read_text().splitlines() if json.loads(line)["step"] <= step]
+            metrics.write_text("".join(line + "\n" for line in kept))
+        return step
+
+    def _save(self, step: int) -> None:
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            save_checkpoint(self.output_dir, step, self.policy, self.optimizer)
+
+    def _log(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.accelerator.is_main_process:
+            return
+        with (self.output_dir / "metrics.jsonl").open("a") as handle:
+            handle.write(json.dumps({"step": step, **metrics}) + "\n")
+        self.accelerator.log(metrics, step=step)
+
+
+def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested config as flat ``a.b`` keys with scalar values (for trackers)."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flat(value, name + "."))
+        elif value is None or isinstance(value, (int, float, str, bool)):
+            out[name] = value
+    return out
+
