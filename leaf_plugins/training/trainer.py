@@ -92,7 +92,10 @@ class Trainer:
         self.examples = list(examples)
         self.output_dir = Path(config.output_dir)
         trackers = "tensorboard" if importlib.util.find_spec("tensorboard") else None
-        self.accelerator = accelerator or Accelerator(log_with=trackers, project_dir=str(self.output_dir))
+        # without an accelerator, several processes (accelerate launch / torchrun) use gloo on CPU
+        self.accelerator = accelerator or Accelerator(
+            cpu=not torch.cuda.is_available(), log_with=trackers, project_dir=str(self.output_dir)
+        )
         host = host or get_host()
         self.backbone = host.backbones.get(config.backbone.name)
         reward = host.rewards.get(config.reward)

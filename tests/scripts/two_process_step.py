@@ -1,0 +1,29 @@
+"""One training step under ``accelerate launch``; each rank saves its LoRA weights.
+
+Usage: accelerate launch --cpu --num_processes 2 two_process_step.py OUTPUT_DIR
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from leaf_plugins.training.lora import lora_state  # noqa: E402
+from leaf_plugins.training.trainer import Trainer  # noqa: E402
+from training_cases import config, examples, host  # noqa: E402
+
+
+def main(output: Path) -> None:
+    trainer = Trainer(config(output / "run", "leaf", steps=1, checkpoint_every=1), examples(), host=host())
+    metrics = trainer.run()
+    rank = trainer.accelerator.process_index
+    torch.save({"lora": lora_state(trainer.policy), "world": trainer.accelerator.num_processes,
+                "prompts": len(trainer._prompts_of(0)), "metrics": metrics}, output / f"rank{rank}.pt")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

@@ -1,0 +1,33 @@
+"""Training under `accelerate launch` with 2 CPU processes (gloo)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "two_process_step.py"
+
+
+def test_two_processes_share_the_prompts_and_end_with_identical_adapters(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        # --multi_gpu selects accelerate's torchrun launcher; without CUDA the trainer runs on CPU with gloo
+        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+         "--mixed_precision", "no", "--dynamo_backend", "no", str(SCRIPT), str(tmp_path)],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    assert [r["world"] for r in ranks] == [2, 2]
+    assert [r["prompts"] for r in ranks] == [2, 2]  # the step's 4 prompts, split between the ranks
+    first, second = ranks[0]["lora"], ranks[1]["lora"]
+    assert first.keys() == second.keys() and first
+    for name in first:
+        assert torch.equal(first[name], second[name]), name
+    # the step really changed the adapter (LoRA B starts at zero)
+    assert any(bool(value.abs().sum() > 0) for name, value in first.items() if "lora_B" in name)
+    assert (tmp_path / "run" / "checkpoint-00000001").is_dir()
