@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable, Iterable
 
-__all__ = ["BackboneConfig", "EstimatorConfig", "RolloutConfig", "OptimConfig", "LoraSettings", "TrainConfig"]
+from leaf_plugins.core.config import apply_overrides, build, load_yaml
+from leaf_plugins.core.errors import ConfigError, LeafError
+from leaf_plugins.core.plugins import PluginHost, get_host
+from leaf_plugins.training.rollout import SURPRISAL_SOURCES
+
+__all__ = [
+    "BackboneConfig", "TaskConfig", "EstimatorConfig", "RolloutConfig", "OptimConfig", "LoraSettings", "TrainConfig",
+    "load_train_config",
+]
 
 
 @dataclass
@@ -14,6 +23,13 @@ class BackboneConfig:
     path: str | None = None  # hub id or local directory; default: the backbone's own
     dtype: str | None = None
     seed: int = 0  # weights of the built-in tiny backbones
+
+
+@dataclass
+class TaskConfig:
+    name: str = "spoken-translation"
+    split: str = "train"
+    options: dict[str, Any] = field(default_factory=dict)  # local paths, sizes… (the task's own options)
 
 
 @dataclass
@@ -58,7 +74,38 @@ class TrainConfig:
     checkpoint_every: int = 10
     reward: str = "sentence_bleu"
     backbone: BackboneConfig = field(default_factory=BackboneConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
     estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     lora: LoraSettings = field(default_factory=LoraSettings)
+
+
+def load_train_config(path: Path, overrides: Iterable[str] = (), host: PluginHost | None = None) -> TrainConfig:
+    """A ``TrainConfig`` from a YAML file and ``a.b=value`` overrides; registered names
+    (backbone, task, estimator, reward) are checked against the plugin registries."""
+    host = host or get_host()
+    data = load_yaml(path)
+    errors = apply_overrides(data, overrides)
+    if errors:
+        raise ConfigError(f"{path}: " + "; ".join(errors))
+    validators: dict[str, Callable[[Any], str | None]] = {
+        "backbone.name": _registered(host.backbones),
+        "task.name": _registered(host.tasks),
+        "estimator.name": _registered(host.estimators),
+        "reward": _registered(host.rewards),
+        "rollout.surprisal_from": lambda value: None if value in SURPRISAL_SOURCES
+        else f"must be one of {', '.join(SURPRISAL_SOURCES)}",
+    }
+    return build(TrainConfig, data, str(path), validators)
+
+
+def _registered(registry: Any) -> Callable[[Any], str | None]:
+    def check(name: Any) -> str | None:
+        try:
+            registry.get(name)
+        except LeafError as error:
+            return str(error)
+        return None
+
+    return check

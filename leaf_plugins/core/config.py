@@ -1,0 +1,169 @@
+"""YAML configuration files into typed dataclasses, with every mistake reported at once.
+
+Each error names ``file:line:col``, the key and, where it can, the closest valid key or
+registered name. Command-line overrides ``a.b=value`` are applied before validation and
+reported by their text when they are wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap
+from ruamel.yaml.error import MarkedYAMLError
+
+from leaf_plugins.core.errors import ConfigError, suggest
+
+__all__ = ["load_yaml", "apply_overrides", "build"]
+
+
+def load_yaml(path: Path) -> CommentedMap:
+    """The file as a round-trip mapping (which keeps line and column of every key)."""
+    try:
+        data = YAML(typ="rt").load(Path(path).read_text())
+    except MarkedYAMLError as error:
+        mark = error.problem_mark
+        raise ConfigError(f"{path}:{mark.line + 1}:{mark.column + 1}: YAML syntax error: {error.problem}") from None
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    if data is None:
+        return CommentedMap()
+    if not isinstance(data, CommentedMap):
+        raise ConfigError(f"{path}:1:1: the file must hold a mapping of sections, not a {type(data).__name__}")
+    return data
+
+
+def apply_overrides(data: CommentedMap, overrides: Iterable[str]) -> list[str]:
+    """Set ``a.b=value`` overrides (values parsed as YAML scalars); return the errors."""
+    errors = []
+    for text in overrides:
+        key, separator, raw = text.partition("=")
+        if not separator or not key:
+            errors.append(f"override {text!r}: expected key.path=value")
+            continue
+        value = YAML(typ="safe").load(raw) if raw.strip() else None
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = CommentedMap()
+                node[part] = child
+            if not isinstance(child, dict):
+                errors.append(f"override {text!r}: {part!r} is not a section")
+                break
+            node = child
+        else:
+            node[parts[-1]] = value
+            _mark_override(node, parts[-1], text)
+    return errors
+
+
+def build(cls: type, data: Any, where: str, validators: dict[str, Callable[[Any], str | None]] | None = None) -> Any:
+    """An instance of dataclass ``cls`` from ``data``; every error raised together.
+
+    :param where: the file name, for locations.
+    :param validators: dotted key -> function returning an error message (or None),
+        e.g. to check that an estimator name is registered.
+    """
+    errors: list[str] = []
+    value = _build(cls, data, where, "", errors, validators or {})
+    if errors:
+        count = f"{len(errors)} error{'s' if len(errors) > 1 else ''}"
+        raise ConfigError(f"{where}: {count} in the configuration:\n  " + "\n  ".join(errors))
+    return value
+
+
+def _build(cls: type, data: Any, where: str, prefix: str, errors: list[str], validators: dict) -> Any:
+    if data is None:
+        data = CommentedMap()
+    if not isinstance(data, dict):
+        errors.append(f"{where}: {prefix or 'the file'} must be a mapping, got {data!r}")
+        return cls()
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values = {}
+    for key in data:
+        location = _location(data, key, where)
+        path = f"{prefix}{key}"
+        if key not in fields:
+            errors.append(f"{location}: unknown key {path!r}.{suggest(str(key), fields)} Valid keys: {', '.join(fields)}")
+            continue
+        expected = hints[key]
+        raw = data[key]
+        if dataclasses.is_dataclass(expected):
+            values[key] = _build(expected, raw, where, path + ".", errors, validators)
+            continue
+        problem = _type_problem(raw, expected)
+        if problem:
+            errors.append(f"{location}: {path}: {problem}")
+            continue
+        value = dict(raw) if isinstance(raw, dict) else raw
+        check = validators.get(path)
+        message = check(value) if check else None
+        if message:
+            errors.append(f"{location}: {path}: {message}")
+            continue
+        values[key] = value
+    return cls(**values)
+
+
+def _type_problem(value: Any, expected: Any) -> str | None:
+    """Why ``value`` does not fit the annotation ``expected`` (None if it does)."""
+    origin = typing.get_origin(expected)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(expected)
+        if any(_type_problem(value, option) is None for option in options):
+            return None
+        return f"expected {_name(expected)}, got {value!r}"
+    if expected is type(None):
+        return None if value is None else "expected nothing (null)"
+    if expected is Any:
+        return None
+    base = origin or expected
+    if base is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return None
+    if base is int and isinstance(value, bool):
+        return f"expected {_name(expected)}, got {value!r}"
+    if isinstance(value, base):
+        return None
+    return f"expected {_name(expected)}, got {value!r}"
+
+
+def _name(annotation: Any) -> str:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return " or ".join(_name(a) for a in typing.get_args(annotation))
+    origin = typing.get_origin(annotation)
+    if origin is not None:
+        return origin.__name__
+    return "null" if annotation is type(None) else getattr(annotation, "__name__", str(annotation))
+
+
+_OVERRIDES = "_leaf_override_texts"
+
+
+def _mark_override(node: Any, key: str, text: str) -> None:
+    marks = getattr(node, _OVERRIDES, None)
+    if marks is None:
+        marks = {}
+        try:
+            setattr(node, _OVERRIDES, marks)
+        except AttributeError:
+            return
+    marks[key] = text
+
+
+def _location(node: Any, key: Any, where: str) -> str:
+    marks = getattr(node, _OVERRIDES, {})
+    if key in marks:
+        return f"override {marks[key]!r}"
+    try:
+        line, column = node.lc.key(key)
+        return f"{where}:{line + 1}:{column + 1}"
+    except (AttributeError, KeyError, TypeError):
+        return where
