@@ -51,8 +51,7 @@ def test_yaml_syntax_errors_have_a_location(tmp_path):
         load_train_config(path)
 
 
-def test_example_config_validates_except_for_tasks_not_yet_built():
-    config = Path(__file__).resolve().parents[1] / "configs" / "runs" / "tiny-qwen2-audio.yaml"
-    with pytest.raises(ConfigError) as caught:
-        load_train_config(config)
-    assert "Unknown task 'spoken-translation'" in str(caught.value)
+def test_example_run_config_validates():
+    config = load_train_config(Path(__file__).resolve().parents[1] / "configs" / "runs" / "tiny-qwen2-audio.yaml")
+    assert (config.backbone.name, config.task.name, config.estimator.name) == ("tiny-qwen2-audio", "spoken-translation", "leaf")
+    assert config.estimator.params == {"fork_budget": 2}
