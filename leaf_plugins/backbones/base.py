@@ -9,10 +9,14 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
-__all__ = ["Backbone", "LoadedBackbone", "AUDIO_PLACEHOLDER"]
+__all__ = ["Backbone", "LoadedBackbone", "AUDIO_PLACEHOLDER", "LANGUAGE_MODEL_LINEARS"]
 
 AUDIO_PLACEHOLDER = "<|audio|>"
 """Backbone-neutral audio placeholder used in task prompts; each backbone rewrites it."""
+
+LANGUAGE_MODEL_LINEARS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+"""peft ``target_modules``: the language model's linear layers only. The audio encoders
+reuse some of these names (Qwen2-Audio's attention, Granite's conformer feed-forward)."""
 
 
 @dataclass

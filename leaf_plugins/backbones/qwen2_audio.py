@@ -15,7 +15,7 @@ from transformers import (
     WhisperFeatureExtractor,
 )
 
-from leaf_plugins.backbones.base import AUDIO_PLACEHOLDER, LoadedBackbone
+from leaf_plugins.backbones.base import AUDIO_PLACEHOLDER, LANGUAGE_MODEL_LINEARS, LoadedBackbone
 from leaf_plugins.backbones.tokenizer import train_tokenizer
 from leaf_plugins.core.hookspecs import hookimpl
 
@@ -23,9 +23,6 @@ __all__ = ["Qwen2AudioBackbone", "QWEN_AUDIO_TEXT", "tiny_qwen2_audio"]
 
 QWEN_AUDIO_TEXT = "<|audio_bos|><|AUDIO|><|audio_eos|>"
 """What ``<|audio|>`` becomes in a Qwen2-Audio prompt; the processor expands ``<|AUDIO|>``."""
-
-# The language model's linear layers only: the audio tower has q/k/v projections too.
-LANGUAGE_MODEL_LINEARS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
 
 
 @dataclass

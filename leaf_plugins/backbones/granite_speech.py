@@ -1,0 +1,190 @@
+"""Granite Speech backbones: Granite Speech 3.3 2B / 8B, Granite-4.0-1B-Speech, and a
+tiny random-weight one; with a pure-torch audio front end (no torchaudio)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from transformers import AutoTokenizer, BatchFeature, GraniteSpeechConfig, GraniteSpeechForConditionalGeneration
+from transformers.feature_extraction_sequence_utils import SequenceFeatureExtractor
+from transformers.models.granite_speech.feature_extraction_granite_speech import GraniteSpeechFeatureExtractor
+from transformers.models.granite_speech.processing_granite_speech import GraniteSpeechProcessor
+
+from leaf_plugins.backbones.base import AUDIO_PLACEHOLDER, LANGUAGE_MODEL_LINEARS, LoadedBackbone
+from leaf_plugins.backbones.tokenizer import train_tokenizer
+from leaf_plugins.core.hookspecs import hookimpl
+
+__all__ = [
+    "TorchGraniteSpeechFeatureExtractor", "GraniteSpeechBackbone", "htk_mel_filters", "log_mel", "merge_builtin_adapter",
+    "tiny_granite_speech",
+]
+
+
+def htk_mel_filters(n_freqs: int, n_mels: int, sample_rate: int) -> torch.Tensor:
+    """``[n_freqs, n_mels]`` triangular HTK-scale filters from 0 Hz to Nyquist, unnormalised
+    (torchaudio's ``melscale_fbanks`` with ``mel_scale="htk"``, ``norm=None``)."""
+    frequencies = torch.linspace(0, sample_rate // 2, n_freqs)
+    top = 2595.0 * math.log10(1.0 + (sample_rate / 2) / 700.0)
+    mel_points = torch.linspace(0.0, top, n_mels + 2)
+    hz_points = 700.0 * (10 ** (mel_points / 2595.0) - 1.0)
+    gaps = hz_points[1:] - hz_points[:-1]  # [n_mels + 1]
+    slopes = hz_points.unsqueeze(0) - frequencies.unsqueeze(1)  # [n_freqs, n_mels + 2]
+    falling = -slopes[:, :-2] / gaps[:-1]
+    rising = slopes[:, 2:] / gaps[1:]
+    return torch.clamp(torch.minimum(falling, rising), min=0.0)
+
+
+def log_mel(audio: torch.Tensor, n_fft: int, win_length: int, hop_length: int, filters: torch.Tensor) -> torch.Tensor:
+    """``[B, frames, n_mels]`` power-2 mel spectrogram of ``[B, S]`` audio (centred frames,
+    reflect padding, periodic Hann window), then Granite's log10 scaling: clipped at 1e-10,
+    floored 8 below each clip's maximum, divided by 4, plus 1."""
+    window = torch.hann_window(win_length, device=audio.device)
+    spectrum = torch.stft(audio.float(), n_fft, hop_length, win_length, window, center=True, pad_mode="reflect",
+                          normalized=False, onesided=True, return_complex=True)  # [B, F, frames]
+    mel = torch.matmul(spectrum.abs().pow(2).transpose(1, 2), filters.to(audio.device))  # [B, frames, n_mels]
+    logmel = mel.clamp(min=1e-10).log10()
+    top = logmel.amax(dim=(-2, -1), keepdim=True)
+    return torch.maximum(logmel, top - 8.0) / 4 + 1
+
+
+class TorchGraniteSpeechFeatureExtractor(GraniteSpeechFeatureExtractor):
+    """Granite's feature extractor with its mel spectrogram computed in plain torch, so
+    it works where torchaudio cannot be installed. Same parameters, same outputs."""
+
+    def __init__(self, sampling_rate: int = 16000, n_fft: int = 512, win_length: int = 400, hop_length: int = 160,
+                 n_mels: int = 80, projector_window_size: int = 15, projector_downsample_rate: int = 5,
+                 padding_value: float = 0.0, **kwargs: Any) -> None:
+        feature_size = n_mels if kwargs.get("feature_size") is None else kwargs.pop("feature_size")
+        SequenceFeatureExtractor.__init__(self, feature_size=feature_size, sampling_rate=sampling_rate,
+                                          padding_value=padding_value, **kwargs)
+        self.sampling_rate = sampling_rate
+        self.melspec_kwargs = {"sample_rate": sampling_rate, "n_fft": n_fft, "win_length": win_length,
+                               "hop_length": hop_length, "n_mels": n_mels}
+        self.mel_filters = htk_mel_filters(n_fft // 2 + 1, n_mels, sampling_rate)  # [F, n_mels]; not serialised
+        self.projector_window_size = projector_window_size
+        self.projector_downsample_rate = projector_downsample_rate
+
+    def __call__(self, audios: Any, device: str | None = "cpu") -> BatchFeature:
+        batched, lengths = self._get_audios_and_audio_lengths(audios)
+        sizes = self._get_num_audio_features(lengths)
+        return BatchFeature(data={
+            "input_features": self._extract_mel_spectrograms(batched, device=device),
+            "audio_embed_sizes": sizes,
+            "input_features_mask": torch.arange(max(sizes)).view(1, -1) < torch.tensor(sizes).view(-1, 1),
+        })
+
+    def _extract_mel_spectrograms(self, audio: torch.Tensor, device: str | None = "cpu") -> torch.Tensor:
+        """``[B, frames / 2, 2 * n_mels]``: log-mel frames, an odd last frame dropped, pairs stacked."""
+        kwargs = self.melspec_kwargs
+        with torch.no_grad():
+            logmel = log_mel(audio.to(device) if device else audio, kwargs["n_fft"], kwargs["win_length"],
+                             kwargs["hop_length"], self.mel_filters)
+            if logmel.shape[1] % 2 == 1:
+                logmel = logmel[:, :-1]
+            return logmel.reshape(audio.shape[0], -1, 2 * logmel.shape[-1])
+
+
+def merge_builtin_adapter(model: torch.nn.Module, source: str) -> None:
+    """Fold the checkpoint's own speech LoRA into the base weights and remove it, so the
+    model always behaves as ``generate`` runs it on audio (adapter on)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [(name, module) for name, module in model.named_modules() if isinstance(module, BaseTunerLayer)]
+    if not layers:
+        raise ValueError(f"{source}: the config says has_lora_adapter, but no adapter was loaded with the checkpoint")
+    for name, module in layers:
+        module.merge()
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, module.get_base_layer())
+    model._hf_peft_config_loaded = False
+    del model.peft_config
+    model.config.has_lora_adapter = False
+
+
+@dataclass
+class GraniteSpeechBackbone:
+    """A Granite Speech checkpoint (hub id or local directory), or a tiny random one."""
+
+    hub_id: str | None
+    dtype: str = "bfloat16"
+    lora_targets: Any = LANGUAGE_MODEL_LINEARS
+    sampling_rate: int = 16000
+    build_tiny: Callable[[int], LoadedBackbone] | None = field(default=None, repr=False)
+
+    def load(self, path: str | None = None, dtype: str | None = None, seed: int = 0) -> LoadedBackbone:
+        """Load from ``path`` (hub id or directory; default ``hub_id``) or build the tiny
+        model. A checkpoint that ships its own speech LoRA (Granite Speech 3.3) has it
+        merged into the base weights, so that disabling *our* adapter gives the model
+        users actually run (``generate`` enables that LoRA only when audio is passed)."""
+        if self.build_tiny is not None and path is None:
+            return self.build_tiny(seed)
+        source = path or self.hub_id
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        features = TorchGraniteSpeechFeatureExtractor.from_pretrained(source)
+        processor = GraniteSpeechProcessor(audio_processor=features, tokenizer=tokenizer)
+        model = GraniteSpeechForConditionalGeneration.from_pretrained(source, dtype=getattr(torch, dtype or self.dtype))
+        if model.config.has_lora_adapter:
+            merge_builtin_adapter(model, source)
+        return LoadedBackbone(model=model, processor=processor, tokenizer=tokenizer, spec=self)
+
+    def build_inputs(self, loaded: LoadedBackbone, prompts: Sequence[str], audios: Sequence[np.ndarray]) -> dict:
+        """Chat-templated prompts (``<|audio|>`` is Granite's own token, expanded by the
+        processor to one per projector output), left padded, with the audio features."""
+        texts = [self.prompt_text(loaded, prompt) for prompt in prompts]
+        loaded.tokenizer.padding_side = "left"
+        batch = loaded.processor(text=texts, audio=[torch.from_numpy(np.asarray(a, dtype=np.float32)) for a in audios],
+                                 return_tensors="pt", padding=True)
+        return {key: value for key, value in batch.items() if key != "audio_embed_sizes"}
+
+    def prompt_text(self, loaded: LoadedBackbone, prompt: str) -> str:
+        if AUDIO_PLACEHOLDER not in prompt:
+            raise ValueError(f"prompt has no {AUDIO_PLACEHOLDER} placeholder: {prompt!r}")
+        messages = [{"role": "user", "content": prompt}]
+        return loaded.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def tiny_granite_speech(seed: int) -> LoadedBackbone:
+    """A random-weight GraniteSpeechForConditionalGeneration (2-layer dense ``granite``
+    text model, 1-layer conformer, 1-layer Q-Former) with an offline tokenizer."""
+    tokenizer = train_tokenizer(["<|end_of_text|>", "<|im_start|>", "<|im_end|>", "<|audio|>"],
+                                eos_token="<|im_end|>", pad_token="<|end_of_text|>")
+    tokenizer.audio_token = "<|audio|>"
+    n_mels = 16
+    features = TorchGraniteSpeechFeatureExtractor(n_mels=n_mels, projector_window_size=15, projector_downsample_rate=5)
+    processor = GraniteSpeechProcessor(audio_processor=features, tokenizer=tokenizer)
+    config = GraniteSpeechConfig(
+        text_config=dict(model_type="granite", vocab_size=len(tokenizer), hidden_size=48, intermediate_size=96,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=2048, tie_word_embeddings=True, initializer_range=0.2),
+        encoder_config=dict(input_dim=2 * n_mels, num_layers=1, hidden_dim=32, feedforward_mult=2, num_heads=2,
+                            dim_head=16, output_dim=8, context_size=50, max_pos_emb=64, dropout=0.0,
+                            conv_kernel_size=5),
+        projector_config=dict(model_type="blip_2_qformer", hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                              intermediate_size=64, encoder_hidden_size=32, hidden_dropout_prob=0.0,
+                              attention_probs_dropout_prob=0.0),
+        audio_token_index=tokenizer.convert_tokens_to_ids("<|audio|>"),
+        has_lora_adapter=False,
+        window_size=15,
+        downsample_rate=5,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = GraniteSpeechForConditionalGeneration(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return LoadedBackbone(model=model, processor=processor, tokenizer=tokenizer, spec=TINY)
+
+
+TINY = GraniteSpeechBackbone(hub_id=None, dtype="float32", build_tiny=tiny_granite_speech)
+
+
+@hookimpl
+def register_backbones(register) -> None:  # type: ignore[no-untyped-def]
+    register("granite-speech-3.3-2b", GraniteSpeechBackbone(hub_id="ibm-granite/granite-speech-3.3-2b"))
+    register("granite-speech-3.3-8b", GraniteSpeechBackbone(hub_id="ibm-granite/granite-speech-3.3-8b"))
+    register("granite-4.0-1b-speech", GraniteSpeechBackbone(hub_id="ibm-granite/granite-4.0-1b-speech"))
+    register("tiny-granite-speech", TINY)

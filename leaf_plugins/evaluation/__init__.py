@@ -1,0 +1,32 @@
+"""Evaluation: text metrics, tail risk with bootstrap CIs, pairwise A/B judging."""
+
+from __future__ import annotations
+
+from leaf_plugins.evaluation.judge import JudgeRun, PairItem, judge_pairs
+from leaf_plugins.evaluation.pairwise import PairwiseSummary, pair_outcomes, parse_verdict, summarize_pairs
+from leaf_plugins.evaluation.tail_risk import Estimate, bootstrap, cvar, fraction_below, tail_risk_report
+from leaf_plugins.evaluation.text_metrics import METRICS, RunAverage, Unavailable, average_runs, text_metrics
+
+__all__ = [
+    "SAMPLED_DECODING",
+    "Estimate",
+    "JudgeRun",
+    "METRICS",
+    "PairItem",
+    "PairwiseSummary",
+    "RunAverage",
+    "Unavailable",
+    "average_runs",
+    "bootstrap",
+    "cvar",
+    "fraction_below",
+    "judge_pairs",
+    "pair_outcomes",
+    "parse_verdict",
+    "summarize_pairs",
+    "tail_risk_report",
+    "text_metrics",
+]
+
+SAMPLED_DECODING = {"do_sample": True, "temperature": 0.9, "top_p": 0.9, "max_new_tokens": 200}
+"""The paper's evaluation decoding (Section 4): pass to ``generate`` for each of N runs."""
