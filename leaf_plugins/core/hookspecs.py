@@ -26,6 +26,7 @@ import pluggy
 if TYPE_CHECKING:
     import torch
 
+    from leaf_plugins.training.loss import PolicyLoss
     from leaf_plugins.training.rollout import Rollout
     from leaf_plugins.training.trainer import StepContext
 
@@ -144,6 +145,24 @@ class LeafSpecs:
         :param context: the step (its examples hold the references).
         :param rollout: the sampled responses.
         :return: float32 ``[N]`` rewards.
+
+        Stops at first non-None result.
+        """
+
+    @hookspec(firstresult=True)
+    def compute_loss(
+        self,
+        context: StepContext,
+        logprobs: torch.Tensor,
+        old_logprobs: torch.Tensor,
+        reference_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> PolicyLoss | None:
+        """The loss of one micro-batch (all ``[M, T]``: log π_θ (differentiable), log π_old,
+        log π_ref, advantages, and the bool mask of response tokens).
+
+        :return: a ``PolicyLoss`` whose ``loss`` is back-propagated.
 
         Stops at first non-None result.
         """

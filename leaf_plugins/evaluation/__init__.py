@@ -5,7 +5,7 @@ from __future__ import annotations
 from leaf_plugins.evaluation.judge import JudgeRun, PairItem, judge_pairs
 from leaf_plugins.evaluation.pairwise import PairwiseSummary, pair_outcomes, parse_verdict, summarize_pairs
 from leaf_plugins.evaluation.tail_risk import Estimate, bootstrap, cvar, fraction_below, tail_risk_report
-from leaf_plugins.evaluation.text_metrics import METRICS, RunAverage, Unavailable, average_runs, text_metrics
+from leaf_plugins.evaluation.text_metrics import METRICS, RunAverage, Unavailable, average_runs, evaluate_texts
 
 __all__ = [
     "SAMPLED_DECODING",
@@ -25,7 +25,7 @@ __all__ = [
     "parse_verdict",
     "summarize_pairs",
     "tail_risk_report",
-    "text_metrics",
+    "evaluate_texts",
 ]
 
 SAMPLED_DECODING = {"do_sample": True, "temperature": 0.9, "top_p": 0.9, "max_new_tokens": 200}

@@ -24,7 +24,7 @@ __all__ = [
     "meteor",
     "bertscore_f1",
     "mean_length",
-    "text_metrics",
+    "evaluate_texts",
     "average_runs",
 ]
 
@@ -158,7 +158,7 @@ def mean_length(predictions: Sequence[str]) -> float:
     return sum(len(text.split()) for text in predictions) / len(predictions)
 
 
-def text_metrics(
+def evaluate_texts(
     predictions: Sequence[str],
     references: Sequence[str],
     metrics: Iterable[str] = METRICS,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -13,6 +14,7 @@ ZERO_CROSSINGS = 16  # sinc lobes kept on each side of a tap
 ROLLOFF = 0.95  # cutoff as a fraction of the lower Nyquist frequency
 
 
+@lru_cache(maxsize=16)
 def sinc_kernel(rate_in: int, rate_out: int) -> tuple[torch.Tensor, int, int, int]:
     """Filters of the polyphase resampler: ``(kernel [new, 1, orig + 2 * width], orig, new, width)``
     where ``orig / new`` is ``rate_in / rate_out`` in lowest terms. Output sample ``q * new + j``
@@ -41,6 +43,7 @@ def resample(wave: np.ndarray, rate_in: int, rate_out: int) -> np.ndarray:
         raise ValueError(f"sampling rates must be positive, got {rate_in} -> {rate_out}")
     kernel, orig, new, width = sinc_kernel(rate_in, rate_out)
     length = math.ceil(len(signal) * new / orig)
-    padded = torch.nn.functional.pad(torch.from_numpy(signal)[None, None, :], (width, width + orig))  # [1, 1, S + pad]
-    phases = torch.nn.functional.conv1d(padded, kernel, stride=orig)  # [1, new, Q]
-    return phases[0].t().reshape(-1)[:length].contiguous().numpy()  # [length]
+    padded = torch.nn.functional.pad(torch.from_numpy(signal), (width, width + orig))  # [S + 2 * width + orig]
+    frames = padded.unfold(0, kernel.shape[-1], orig)  # [Q, K] strided view: input around output block q
+    phases = frames @ kernel[:, 0, :].t()  # [Q, new]: output q * new + j
+    return phases.reshape(-1)[:length].contiguous().numpy()  # [length]

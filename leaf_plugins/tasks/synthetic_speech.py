@@ -3,37 +3,44 @@
 ``spoken-translation``: short English utterances with German references (CoVoST2-like).
 ``spoken-qa``: a short spoken passage and a text question with a short answer
 (LibriSQA-like). Items come from templates and a small bilingual lexicon, drawn with a
-seeded generator; each is spoken by one of several voices at one of several rates.
-Audio is cached on disk after the first build.
+seeded generator; each is spoken by one of several voices at one of several rates, and
+resampled from espeak's 22.05 kHz to 16 kHz. A build is cached on disk
+(``<cache>/<name>-<seed>-<size>``) and reused.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
 import random
 import shutil
 import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import soundfile
-import torch
 
 from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.core.hookspecs import hookimpl
-from leaf_plugins.tasks.base import SPLITS, Example
+from leaf_plugins.tasks.audio import SAMPLING_RATE, AudioFile
+from leaf_plugins.tasks.examples import ExampleList, Record
+from leaf_plugins.tasks.options import Option, parse_options
+from leaf_plugins.tasks.prompts import qa_prompt, translation_prompt
+from leaf_plugins.tasks.resample import resample
+from leaf_plugins.tasks.splits import check_split
 
-__all__ = ["SpokenTask", "translation_items", "qa_items", "resample", "cache_root"]
+__all__ = ["SpokenTask", "Build", "translation_items", "qa_items", "synthesise", "cache_root", "resample",
+           "ESPEAK_INSTALL"]
 
-SAMPLING_RATE = 16000
 VOICES = ("en-us+m3", "en-us+f3", "en+m1", "en+f2")
 RATES = (140, 160, 180)
+ESPEAK_INSTALL = "apt-get install -y espeak-ng"
+MANIFEST = "examples.jsonl"
 
 SUBJECTS = [("the cat", "die Katze"), ("the dog", "der Hund"), ("my sister", "meine Schwester"),
             ("my brother", "mein Bruder"), ("the teacher", "der Lehrer"), ("the child", "das Kind")]
@@ -46,17 +53,7 @@ THINGS = [("books", "Bücher"), ("apples", "Äpfel"), ("friends", "Freunde"), ("
 NAMES = ["Anna", "Peter", "Maria", "Thomas", "Laura", "David", "Sarah", "Martin"]
 COLOURS = ["red", "blue", "green", "yellow", "black", "white"]
 JOBS = ["teacher", "doctor", "baker", "pilot", "farmer", "painter"]
-
-TRANSLATION_PROMPTS = (
-    "<|audio|> Listen to the speech and translate it into German.",
-    "Translate the audio <|audio|> from English to German.",
-    "You will hear English speech in <|audio|>. Provide the German translation.",
-)
-QA_PROMPTS = (
-    "Listen to the audio <|audio|> and answer the following question: {question}",
-    "<|audio|> Please answer this question about the spoken passage: {question}",
-    "You will hear speech in <|audio|>. Answer: {question}",
-)
+PETS = ["cats", "dogs", "birds", "rabbits"]
 
 
 @dataclass(frozen=True)
@@ -84,131 +81,151 @@ def translation_items(rng: random.Random, count: int, prefix: str) -> list[Item]
         else:
             (number, number_de), (thing, thing_de) = rng.choice(NUMBERS), rng.choice(THINGS)
             english, german = f"{subject} has {number} {thing}", f"{subject_de} hat {number_de} {thing_de}"
-        english, german = _sentence(english), _sentence(german)
         item_id = f"{prefix}-{index:05d}"
-        prompt = TRANSLATION_PROMPTS[_stable_index(item_id, len(TRANSLATION_PROMPTS))]
-        items.append(Item(item_id, english, prompt, german))
+        items.append(Item(item_id, _sentence(english), translation_prompt(item_id), _sentence(german)))
     return items
 
 
 def qa_items(rng: random.Random, count: int, prefix: str) -> list[Item]:
-    """Two-sentence passages with a question about one fact and its one-word answer."""
+    """Two-sentence passages (a name, a city, a job, a number of pets, a car colour) with a
+    question about one fact and its one-word answer."""
     items = []
     for index in range(count):
-        name, (city, _), colour, job = rng.choice(NAMES), rng.choice(CITIES), rng.choice(COLOURS), rng.choice(JOBS)
-        passage = f"{name} lives in {city} and works as a {job}. {name} drives a {colour} car."
+        name, (city, _), job = rng.choice(NAMES), rng.choice(CITIES), rng.choice(JOBS)
+        (number, _), pets, colour = rng.choice(NUMBERS), rng.choice(PETS), rng.choice(COLOURS)
+        passage = (f"{name} lives in {city} and works as a {job}. "
+                   f"{name} has {number} {pets} and drives a {colour} car.")
         question, answer = rng.choice([
             (f"Where does {name} live?", city),
             (f"What is {name}'s job?", job),
+            (f"How many {pets} does {name} have?", number),
             (f"What colour is {name}'s car?", colour),
         ])
         item_id = f"{prefix}-{index:05d}"
-        prompt = QA_PROMPTS[_stable_index(item_id, len(QA_PROMPTS))].format(question=question)
-        items.append(Item(item_id, passage, prompt, answer))
+        items.append(Item(item_id, passage, qa_prompt(item_id, question), answer))
     return items
 
 
-class SpokenTask:
-    """A built-in spoken task (``spoken-translation`` or ``spoken-qa``).
+@dataclass(frozen=True)
+class Build:
+    """A built task on disk."""
 
-    Options of ``load``: ``seed`` (0), ``train_size`` (240), ``eval_size`` (40, for each
-    of validation and test), ``cache_dir`` (default ``$LEAF_CACHE_DIR/tasks`` or
-    ``~/.cache/leaf-plugins/tasks``).
-    """
+    directory: Path
+    sizes: dict[str, int]
+    built: bool  # False when the cache was reused
+    seconds: float
+
+
+class SpokenTask:
+    """A built-in spoken task (``spoken-translation`` or ``spoken-qa``); see ``OPTIONS``."""
 
     reward = "sentence_bleu"
+    options = (
+        Option("seed", "int", 0, "seed of the items, voices and rates"),
+        Option("size", "int", 320, "examples in all splits"),
+        Option("validation_size", "int", None, "validation examples (default size // 8)"),
+        Option("test_size", "int", None, "test examples (default size // 8)"),
+        Option("cache_dir", "path", None, "where builds are cached (default $LEAF_CACHE_DIR/tasks or "
+                                          "~/.cache/leaf-plugins/tasks)"),
+        Option("workers", "int", None, "parallel espeak-ng processes (default 2 x CPUs)"),
+    )
 
-    def __init__(self, name: str, make_items: Any) -> None:
+    def __init__(self, name: str, make_items: Callable[[random.Random, int, str], list[Item]]) -> None:
         self.name = name
         self.make_items = make_items
+        self.last_filtered: dict[str, int] = {}
         self.__doc__ = f"Built-in {name} task with espeak-ng speech (offline; built once, cached)."
 
-    def load(self, split: str, seed: int = 0, train_size: int = 240, eval_size: int = 40,
-             cache_dir: str | None = None) -> list[Example]:
+    def load(self, split: str, **options: Any) -> ExampleList:
         """The examples of ``split``, building and caching the whole task if needed."""
-        if split not in SPLITS:
-            raise ConfigError(f"task {self.name!r} has no split {split!r}; splits: {', '.join(SPLITS)}")
-        root = Path(cache_dir) if cache_dir else cache_root()
-        directory = root / f"{self.name}-seed{seed}-train{train_size}-eval{eval_size}"
-        if not (directory / "examples.jsonl").exists():
-            self._build(directory, seed, {"train": train_size, "validation": eval_size, "test": eval_size})
-        rows = [json.loads(line) for line in (directory / "examples.jsonl").read_text().splitlines()]
-        return [
-            Example(row["id"], _read_wav(directory / row["audio"]), row["prompt"], row["reference"], row["duration"])
-            for row in rows
-            if row["split"] == split
-        ]
+        check_split(self.name, split)
+        build = self.build(**options)
+        records = []
+        for line in (build.directory / MANIFEST).read_text(encoding="utf-8").splitlines():
+            row = json.loads(line)
+            if row["split"] == split:
+                where = f"{build.directory / MANIFEST} id {row['id']}"
+                records.append(Record(row["id"], row["prompt"], row["reference"],
+                                      AudioFile(build.directory / row["audio"], where), where, row["duration"]))
+        return ExampleList(records, {}, str(build.directory))
 
-    def _build(self, directory: Path, seed: int, sizes: dict[str, int]) -> None:
+    def build(self, **options: Any) -> Build:
+        """Build the task into the cache (or find it there); see ``options``."""
+        values = parse_options(self.name, self.options, options)
+        sizes = self._sizes(values["size"], values["validation_size"], values["test_size"])
+        root = values["cache_dir"] or cache_root()
+        suffix = "" if values["validation_size"] is None and values["test_size"] is None else \
+            f"-v{sizes['validation']}-t{sizes['test']}"
+        directory = root / f"{self.name}-{values['seed']}-{values['size']}{suffix}"
+        if (directory / MANIFEST).is_file():
+            return Build(directory, sizes, False, 0.0)
+        start = time.perf_counter()
+        self._build(directory, values["seed"], sizes, values["workers"] or 2 * (os.cpu_count() or 1))
+        return Build(directory, sizes, True, time.perf_counter() - start)
+
+    def _sizes(self, size: int, validation: int | None, test: int | None) -> dict[str, int]:
+        validation = size // 8 if validation is None else validation
+        test = size // 8 if test is None else test
+        if min(size, validation, test) < 0 or validation + test > size:
+            raise ConfigError(f"task {self.name!r}: validation_size ({validation}) + test_size ({test}) must not "
+                              f"exceed size ({size}), and none may be negative")
+        return {"train": size - validation - test, "validation": validation, "test": test}
+
+    def _build(self, directory: Path, seed: int, sizes: dict[str, int], workers: int) -> None:
+        from tqdm import tqdm
+
+        require_espeak()
         rng = random.Random(f"{self.name}:{seed}")
         planned = [(split, item) for split, size in sizes.items() for item in self.make_items(rng, size, split)]
         voices = [(rng.choice(VOICES), rng.choice(RATES)) for _ in planned]
-        partial = directory.with_name(directory.name + ".partial")
+        partial = directory.with_name(f"{directory.name}.partial-{os.getpid()}")
         shutil.rmtree(partial, ignore_errors=True)
         (partial / "audio").mkdir(parents=True)
-        from tqdm import tqdm
-
-        with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2) * 2) as pool:
-            waves = list(tqdm(pool.map(lambda job: synthesise(job[1].speech, *job[0]), zip(voices, (i for _, i in planned))),
-                              total=len(planned), desc=f"building {self.name}", unit="clip"))
-        with (partial / "examples.jsonl").open("w") as handle:
+        jobs = [(item.speech, voice, rate) for (_, item), (voice, rate) in zip(planned, voices)]
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            waves = list(tqdm(pool.map(lambda job: synthesise(*job), jobs), total=len(jobs),
+                              desc=f"building {self.name}", unit="clip"))
+        with (partial / MANIFEST).open("w", encoding="utf-8") as handle:
             for (split, item), (voice, rate), wave in zip(planned, voices, waves):
                 name = f"audio/{item.id}.wav"
-                soundfile.write(partial / name, wave, SAMPLING_RATE, subtype="PCM_16")
+                soundfile.write(partial / name, wave, SAMPLING_RATE, subtype="FLOAT")
                 handle.write(json.dumps({
                     "id": item.id, "split": split, "audio": name, "prompt": item.prompt, "reference": item.reference,
                     "speech": item.speech, "voice": voice, "rate": rate, "duration": len(wave) / SAMPLING_RATE,
-                }) + "\n")
-        partial.rename(directory)
+                }, ensure_ascii=False) + "\n")
+        try:
+            partial.rename(directory)
+        except OSError:  # another process finished the same build first
+            shutil.rmtree(partial, ignore_errors=True)
+            if not (directory / MANIFEST).is_file():
+                raise
+
+
+def require_espeak() -> None:
+    """Raise a ``ConfigError`` saying how to install espeak-ng when it is missing."""
+    if shutil.which("espeak-ng") is None:
+        raise ConfigError(f"the built-in spoken tasks need espeak-ng, which is not installed: run "
+                          f"'{ESPEAK_INSTALL}' (as root, or with sudo; scripts/install.sh does it)")
 
 
 def synthesise(text: str, voice: str, rate: int) -> np.ndarray:
-    """``text`` spoken by espeak-ng, as a float32 waveform at 16 kHz."""
-    if shutil.which("espeak-ng") is None:
-        raise ConfigError("the built-in spoken tasks need espeak-ng: install it with 'apt-get install -y espeak-ng' "
-                          "(scripts/install.sh does this when run as root)")
-    done = subprocess.run(["espeak-ng", "-v", voice, "-s", str(rate), "--stdout", text], capture_output=True, check=True)
-    wave, rate_in = soundfile.read(io.BytesIO(done.stdout), dtype="float32")
+    """``text`` spoken by espeak-ng (voice, words per minute): [S] float32 at 16 kHz."""
+    require_espeak()
+    done = subprocess.run(["espeak-ng", "-v", voice, "-s", str(rate), "--stdout", text], capture_output=True)
+    if done.returncode != 0:
+        raise ConfigError(f"espeak-ng failed for voice {voice!r}: {done.stderr.decode(errors='replace').strip()}")
+    wave, rate_in = soundfile.read(io.BytesIO(done.stdout), dtype="float32")  # [S] at 22.05 kHz
     return resample(wave, rate_in, SAMPLING_RATE)
 
 
-def resample(wave: np.ndarray, rate_in: int, rate_out: int) -> np.ndarray:
-    """Band-limited resampling (linear interpolation after a low-pass at the new
-    Nyquist frequency when downsampling)."""
-    if rate_in == rate_out:
-        return wave.astype(np.float32)
-    signal = torch.from_numpy(np.asarray(wave, dtype=np.float32))
-    if rate_out < rate_in:  # windowed-sinc low-pass
-        cutoff = rate_out / rate_in / 2
-        taps = torch.arange(-32, 33, dtype=torch.float32)
-        kernel = 2 * cutoff * torch.sinc(2 * cutoff * taps) * torch.hann_window(65, periodic=False)
-        signal = torch.nn.functional.conv1d(signal.view(1, 1, -1), (kernel / kernel.sum()).view(1, 1, -1),
-                                            padding=32).view(-1)
-    length = int(round(len(signal) * rate_out / rate_in))
-    resized = torch.nn.functional.interpolate(signal.view(1, 1, -1), size=length, mode="linear", align_corners=False)
-    return resized.view(-1).numpy()
-
-
 def cache_root() -> Path:
-    """Where built tasks are cached."""
+    """Where built tasks are cached: ``$LEAF_CACHE_DIR/tasks``, else ``~/.cache/leaf-plugins/tasks``."""
     base = os.environ.get("LEAF_CACHE_DIR")
     return (Path(base) if base else Path.home() / ".cache" / "leaf-plugins") / "tasks"
 
 
-def _read_wav(path: Path) -> np.ndarray:
-    wave, rate = soundfile.read(path, dtype="float32")
-    if rate != SAMPLING_RATE:
-        raise ConfigError(f"{path}: expected {SAMPLING_RATE} Hz audio, found {rate} Hz")
-    return wave
-
-
 def _sentence(text: str) -> str:
     return text[0].upper() + text[1:] + "."
-
-
-def _stable_index(key: str, count: int) -> int:
-    """A template index from the example id (a stable hash, unlike ``hash()``)."""
-    return int(hashlib.sha256(key.encode()).hexdigest(), 16) % count
 
 
 @hookimpl

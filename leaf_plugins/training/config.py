@@ -44,6 +44,7 @@ class RolloutConfig:
     group_size: int = 8  # K
     prompts_per_step: int = 6  # rollout batch = training batch
     max_new_tokens: int = 200
+    max_prompt_tokens: int = 256  # text tokens of a prompt (audio slots not counted)
     temperature: float = 1.0
     top_p: float = 0.9
     surprisal_from: str = "sampling"

@@ -23,14 +23,15 @@ from tqdm import tqdm
 
 from leaf_plugins.backbones.base import LoadedBackbone
 from leaf_plugins.core.engine import Engine
+from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.core.hookspecs import hookimpl
 from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.tasks.base import Example
 from leaf_plugins.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from leaf_plugins.training.config import TrainConfig
 from leaf_plugins.training.lora import attach_lora, reference_policy
-from leaf_plugins.training.loss import policy_loss
-from leaf_plugins.training.rollout import Rollout, response_logprobs, sample_responses
+from leaf_plugins.training.loss import PolicyLoss, policy_loss
+from leaf_plugins.training.rollout import Rollout, audio_token_ids, response_logprobs, sample_responses
 
 __all__ = ["StepContext", "DefaultStages", "Trainer"]
 
@@ -48,8 +49,8 @@ class StepContext:
 
 
 class DefaultStages:
-    """The built-in rollout (Hugging Face ``generate`` with sampling) and scoring (the
-    run's registered reward against each example's reference)."""
+    """The built-in rollout (Hugging Face ``generate`` with sampling), scoring (the run's
+    registered reward against each example's reference) and loss (paper Eq. 1)."""
 
     def __init__(self, reward: Any) -> None:
         self.reward = reward
@@ -68,6 +69,13 @@ class DefaultStages:
             surprisal_from=settings.surprisal_from,
             group_ids=[context.step * 1_000_000 + i for i in range(len(context.examples))],
         )
+
+    @hookimpl
+    def compute_loss(self, context: StepContext, logprobs: torch.Tensor, old_logprobs: torch.Tensor,
+                     reference_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor) -> PolicyLoss:
+        optim = context.config.optim
+        return policy_loss(logprobs, old_logprobs, reference_logprobs, advantages, mask, optim.clip_epsilon,
+                           optim.kl_coefficient)
 
     @hookimpl
     def score_rollouts(self, context: StepContext, rollout: Rollout) -> torch.Tensor:
@@ -156,6 +164,7 @@ class Trainer:
         examples = self._prompts_of(step)
         inputs = self.backbone.build_inputs(self.loaded, [e.prompt for e in examples], [e.audio for e in examples])
         inputs = {key: value.to(self.accelerator.device) for key, value in inputs.items()}
+        self._check_prompt_lengths(examples, inputs)
         context = StepContext(step, self.policy, self.loaded, examples, inputs, config)
         hook = self.engine.manager.hook
         started = time.perf_counter()
@@ -167,7 +176,7 @@ class Trainer:
         sampled = time.perf_counter()
         result = self.engine.estimate(batch)
         estimated = time.perf_counter()
-        losses = self._update(inputs, rollout, batch, result.advantages)
+        losses = self._update(context, rollout, batch, result.advantages)
         updated = time.perf_counter()
         advantages = result.advantages[batch.mask]
         metrics = {
@@ -184,9 +193,9 @@ class Trainer:
         return metrics
 
     # ------------------------------------------------------------------ pieces
-    def _update(self, inputs: dict[str, torch.Tensor], rollout: Rollout, batch: Any, advantages: torch.Tensor) -> dict:
-        """Clipped KL loss over micro-batches of prompts (gradients accumulated), one step."""
-        config = self.config
+    def _update(self, context: StepContext, rollout: Rollout, batch: Any, advantages: torch.Tensor) -> dict:
+        """The loss over micro-batches of prompts (gradients accumulated), one step."""
+        config, inputs = self.config, context.inputs
         self.model.train()
         self.optimizer.zero_grad()
         prompts = inputs["input_ids"].shape[0]
@@ -205,9 +214,9 @@ class Trainer:
             sync = self.accelerator.no_sync(self.model) if index < len(chunks) - 1 else contextlib.nullcontext()
             with sync:
                 current = response_logprobs(self.model, local, tokens, lengths, prompt_index, config.rollout.temperature)
-                loss = policy_loss(
-                    current, batch.logprobs[rows].to(device), reference, advantages[rows].to(device), mask,
-                    config.optim.clip_epsilon, config.optim.kl_coefficient,
+                loss = self.engine.manager.hook.compute_loss(
+                    context=context, logprobs=current, old_logprobs=batch.logprobs[rows].to(device),
+                    reference_logprobs=reference, advantages=advantages[rows].to(device), mask=mask,
                 )
                 self.accelerator.backward(loss.loss / len(chunks))
             totals["loss"] += float(loss.loss.detach()) / len(chunks)
@@ -217,6 +226,16 @@ class Trainer:
         self.completed += 1
         self.model.eval()
         return totals
+
+    def _check_prompt_lengths(self, examples: list[Example], inputs: dict[str, torch.Tensor]) -> None:
+        limit = self.config.rollout.max_prompt_tokens
+        audio = torch.tensor(audio_token_ids(self.loaded.tokenizer) + [self.policy.config.audio_token_index])
+        text = (inputs["attention_mask"].bool() & ~torch.isin(inputs["input_ids"].cpu(), audio).to(
+            inputs["attention_mask"].device)).sum(dim=1)  # [P]
+        for example, count in zip(examples, text.tolist()):
+            if count > limit:
+                raise ConfigError(f"example {example.id!r}: its prompt has {count} text tokens, more than "
+                                  f"rollout.max_prompt_tokens={limit}")
 
     def _prompts_of(self, step: int) -> list[Example]:
         """This process's share of the step's prompts: epochs of seeded permutations."""

@@ -1,0 +1,1 @@
+"""Analyses of rollouts: forkability of LEAF boundaries, rollout logs, plots."""
