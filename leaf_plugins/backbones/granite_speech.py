@@ -15,6 +15,7 @@ from transformers.models.granite_speech.feature_extraction_granite_speech import
 from transformers.models.granite_speech.processing_granite_speech import GraniteSpeechProcessor
 
 from leaf_plugins.backbones.base import AUDIO_PLACEHOLDER, LANGUAGE_MODEL_LINEARS, LoadedBackbone
+from leaf_plugins.backbones.tiny import seeded_model
 from leaf_plugins.backbones.tokenizer import train_tokenizer
 from leaf_plugins.core.hookspecs import hookimpl
 
@@ -171,11 +172,7 @@ def tiny_granite_speech(seed: int) -> LoadedBackbone:
         window_size=15,
         downsample_rate=5,
     )
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = GraniteSpeechForConditionalGeneration(config)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model = seeded_model(GraniteSpeechForConditionalGeneration, config, tokenizer, seed)
     return LoadedBackbone(model=model, processor=processor, tokenizer=tokenizer, spec=TINY)
 
 

@@ -16,6 +16,7 @@ from transformers import (
 )
 
 from leaf_plugins.backbones.base import AUDIO_PLACEHOLDER, LANGUAGE_MODEL_LINEARS, LoadedBackbone
+from leaf_plugins.backbones.tiny import seeded_model
 from leaf_plugins.backbones.tokenizer import train_tokenizer
 from leaf_plugins.core.hookspecs import hookimpl
 
@@ -97,11 +98,7 @@ def tiny_qwen2_audio(seed: int, clip_seconds: int = 8) -> LoadedBackbone:
         ),
         audio_token_index=tokenizer.convert_tokens_to_ids("<|AUDIO|>"),
     )
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = Qwen2AudioForConditionalGeneration(config)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model = seeded_model(Qwen2AudioForConditionalGeneration, config, tokenizer, seed)
     return LoadedBackbone(model=model, processor=processor, tokenizer=tokenizer, spec=TINY)
 
 
