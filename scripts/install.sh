@@ -22,4 +22,4 @@ if [ -n "$TORCH_SPEC" ] && ! python -c "import torch" >/dev/null 2>&1; then
   $PIP_INSTALL "$TORCH_SPEC"
 fi
 echo "installing leaf-plugins and its dependencies"
-$PIP_INSTALL -e ".[test]"
+$PIP_INSTALL -e ".[test,eval]"

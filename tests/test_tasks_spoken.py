@@ -1,16 +1,19 @@
-"""The built-in spoken tasks: real espeak-ng speech, deterministic, cached."""
+"""The built-in spoken tasks: real espeak-ng speech, deterministic, cached; ``leaf tasks``."""
 
 from __future__ import annotations
 
+import hashlib
 import random
+import re
 
 import numpy as np
 import pytest
 
 from leaf_plugins import ConfigError, get_host
-from leaf_plugins.tasks.synthetic_speech import resample, translation_items
+from leaf_plugins.cli import main
+from leaf_plugins.tasks.synthetic_speech import cache_root, qa_items, translation_items
 
-SMALL = dict(train_size=6, eval_size=3)
+SMALL = dict(size=12, validation_size=3, test_size=3)
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +24,9 @@ def built(tmp_path_factory):
 
 
 def test_splits_sizes_audio_and_prompts(built):
-    _, task, splits = built
+    root, task, splits = built
     assert [len(splits[s]) for s in ("train", "validation", "test")] == [6, 3, 3]
+    assert (root / "spoken-translation-0-12-v3-t3" / "examples.jsonl").is_file()
     ids = [e.id for s in splits.values() for e in s]
     assert len(set(ids)) == len(ids)
     for example in splits["train"]:
@@ -37,8 +41,12 @@ def test_building_is_deterministic_and_cached(built, tmp_path):
     root, task, splits = built
     again = task.load("train", cache_dir=str(tmp_path), **SMALL)  # built again from scratch elsewhere
     assert [(e.id, e.prompt, e.reference) for e in again] == [(e.id, e.prompt, e.reference) for e in splits["train"]]
-    assert all(np.array_equal(a.audio, b.audio) for a, b in zip(again, splits["train"]))
-    audio = next((root).glob("spoken-translation-*/audio/train-00000.wav"))
+
+    def digest(examples):
+        return hashlib.sha256(b"".join(e.audio.tobytes() for e in examples)).hexdigest()
+
+    assert digest(again) == digest(splits["train"])
+    audio = next(root.glob("spoken-translation-*/audio/train-00000.wav"))
     stamp = audio.stat().st_mtime_ns
     task.load("train", cache_dir=str(root), **SMALL)
     assert audio.stat().st_mtime_ns == stamp  # read from the cache, not rebuilt
@@ -76,17 +84,50 @@ def test_german_references_by_hand():
     assert patterns == {"ist", "wohnt in", "hat"}  # all three sentence patterns were drawn
 
 
+def test_qa_answers_by_hand():
+    """The answer is read back from the passage with a regex, per question type."""
+    pattern = r"(\w+) lives in (\w+) and works as a (\w+)\. \1 has (\w+) (\w+) and drives a (\w+) car\."
+    kinds = set()
+    for item in qa_items(random.Random(5), 80, "x"):
+        name, city, job, number, pets, colour = re.fullmatch(pattern, item.speech).groups()
+        expected = {f"Where does {name} live?": city, f"What is {name}'s job?": job,
+                    f"How many {pets} does {name} have?": number, f"What colour is {name}'s car?": colour}
+        asked = [question for question in expected if item.prompt.endswith(question)]
+        assert len(asked) == 1 and expected[asked[0]] == item.reference
+        assert item.prompt.count("<|audio|>") == 1
+        kinds.add(asked[0].split()[1])
+    assert kinds == {"does", "is", "many", "colour"}
+
+
 def test_unknown_split_is_named(built):
     _, task, _ = built
     with pytest.raises(ConfigError, match="no split 'dev'"):
         task.load("dev")
 
 
-def test_resampling_keeps_a_tone_and_its_duration():
-    rate_in, seconds, frequency = 22050, 0.5, 440.0
-    t = np.arange(int(rate_in * seconds)) / rate_in
-    tone = np.sin(2 * np.pi * frequency * t).astype(np.float32)
-    out = resample(tone, rate_in, 16000)
-    assert len(out) == 8000
-    spectrum = np.abs(np.fft.rfft(out))
-    assert np.fft.rfftfreq(len(out), 1 / 16000)[spectrum.argmax()] == pytest.approx(frequency, abs=2)
+def test_sizes_are_checked_and_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+    task = get_host().tasks.get("spoken-qa")
+    with pytest.raises(ConfigError, match=r"validation_size \(8\) \+ test_size \(8\) must not exceed size \(10\)"):
+        task.load("train", size=10, validation_size=8, test_size=8, cache_dir=str(tmp_path))
+    monkeypatch.setenv("LEAF_CACHE_DIR", str(tmp_path / "cache"))
+    assert cache_root() == tmp_path / "cache" / "tasks"
+
+
+def test_missing_espeak_says_how_to_install(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no espeak-ng on this PATH
+    with pytest.raises(ConfigError, match=re.escape("run 'apt-get install -y espeak-ng'")):
+        get_host().tasks.get("spoken-qa").load("train", size=4, cache_dir=str(tmp_path))
+
+
+def test_command_builds_and_shows(tmp_path, capsys):
+    argv = ["tasks", "build", "spoken-qa", "--size", "8", "--seed", "3", "--cache-dir", str(tmp_path)]
+    assert main(argv) == 0
+    assert "spoken-qa: 8 examples (train 6, validation 1, test 1) built in" in capsys.readouterr().out
+    assert main(argv) == 0
+    assert "found in the cache" in capsys.readouterr().out
+    assert main(["tasks", "show", "spoken-qa", "size=8", "seed=3", f"cache_dir={tmp_path}", "--split", "train",
+                 "--limit", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "spoken-qa/train: 6 examples" in out and "filtered rows: 0" in out and out.count("prompt:") == 2
+    assert main(["tasks", "show", "librisqa", "librispeech=/x"]) == 2
+    assert "Did you mean 'librispeech_dir'" in capsys.readouterr().err

@@ -16,7 +16,7 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "runs"
 def test_leaf_train_runs_from_yaml_and_resumes(backbone, tmp_path, capsys):
     overrides = [f"output_dir={tmp_path / 'run'}", "steps=2", "checkpoint_every=1", "rollout.prompts_per_step=2",
                  "rollout.group_size=4", "rollout.max_new_tokens=8", f"task.options.cache_dir={tmp_path / 'cache'}",
-                 "task.options.train_size=4", "task.options.eval_size=2"]
+                 "task.options.size=8", "task.options.validation_size=2", "task.options.test_size=2"]
     assert main(["train", str(CONFIGS / f"{backbone}.yaml"), *overrides]) == 0
     assert "done: reward" in capsys.readouterr().out
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()

@@ -119,7 +119,7 @@ def depth_quantile(positions: torch.Tensor, q: float) -> int | None:
 
 
 SUMMARY_COLUMNS = (
-    "label", "groups", "attempts", "fired", "usable", "fire_rate", "r_f", "r_f_wilson_low", "r_f_wilson_high",
+    "label", "tau", "groups", "attempts", "fired", "usable", "fire_rate", "r_f", "r_f_wilson_low", "r_f_wilson_high",
     "r_f_boot_low", "r_f_boot_high", "group_size", "reward_spread", "mu_pos", "p50", "p90", "p99", "last",
     "n_pos",
 )
@@ -178,7 +178,8 @@ class ForkabilityReport:
         events = self.events
         attempts, fired, usable = events.position.numel(), int(events.fired.sum()), int(events.usable.sum())
         nan = float("nan")
-        row = {"label": self.label, "groups": self.groups, "attempts": attempts, "fired": fired, "usable": usable}
+        row = {"label": self.label, "tau": self.tau, "groups": self.groups, "attempts": attempts, "fired": fired,
+               "usable": usable}
         if attempts == 0:
             return {**row, **{key: nan for key in SUMMARY_COLUMNS if key not in row}}
         low, high = wilson_interval(torch.tensor(usable), torch.tensor(attempts))

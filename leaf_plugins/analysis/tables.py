@@ -29,7 +29,8 @@ def summary_markdown(rows: Sequence[dict], tau: float) -> str:
         lines.append(
             f"| {row['label']} | {row['groups']} | {row['attempts']} | {row['fired']} | {row['usable']} "
             f"| {_percent(row['fire_rate'])} | {_percent(row['r_f'])} ({_percent(row['r_f_boot_low'])}"
-            f"–{_percent(row['r_f_boot_high'])}) | {_percent(row['r_f_wilson_low'])}–{_percent(row['r_f_wilson_high'])} "
+            f"–{_percent(row['r_f_boot_high'])}) "
+            f"| {_percent(row['r_f_wilson_low'])}–{_percent(row['r_f_wilson_high'])} "
             f"| {_plain(row['group_size'])} | {_plain(row['reward_spread'], 3)} | {_plain(row['mu_pos'], 1)} "
             f"| {_plain(row['p50'])} | {_plain(row['p90'])} | {_plain(row['p99'])} | {_plain(row['last'])} "
             f"| {_plain(row['n_pos'])} |"

@@ -23,7 +23,7 @@ from typing import Sequence
 import torch
 
 from leaf_plugins.core.errors import ConfigError, suggest
-from leaf_plugins.evaluation.tail_risk import BOOTSTRAP_RESAMPLES, Estimate
+from leaf_plugins.evaluation.tail_risk import CHUNK_ELEMENTS, BOOTSTRAP_RESAMPLES, Estimate
 
 __all__ = [
     "FIRST",
@@ -31,6 +31,7 @@ __all__ = [
     "TIE",
     "UNPARSEABLE",
     "FORMATS",
+    "OUTCOMES",
     "parse_verdict",
     "pair_outcomes",
     "PairwiseSummary",
@@ -53,7 +54,8 @@ def parse_verdict(text: str, format: str = "auto") -> str:
     """The verdict of one judge output: ``first``, ``second``, ``tie`` or ``unparseable``
     (first/second = the answer shown first/second). See the module doc for formats."""
     if format not in FORMATS:
-        raise ConfigError(f"unknown judge output format {format!r}.{suggest(format, FORMATS)} Formats: {', '.join(FORMATS)}")
+        raise ConfigError(f"unknown judge output format {format!r}.{suggest(format, FORMATS)} "
+                          f"Formats: {', '.join(FORMATS)}")
     if format == "prometheus" or (format == "auto" and "[RESULT]" in text.upper()):
         found = _RESULT.findall(text)
         if not found:
@@ -156,9 +158,12 @@ def summarize_pairs(
         raise ValueError(f"outcome codes must lie in 0..{len(OUTCOMES) - 1} ({', '.join(OUTCOMES)})")
     n = codes.numel()
     generator = torch.Generator().manual_seed(seed)
-    index = torch.randint(n, (resamples, n), generator=generator)  # [R, n]
+    chunk = max(1, CHUNK_ELEMENTS // n)
     point = _rates(codes.unsqueeze(0))[0]  # [8]
-    replicates = _rates(codes[index])  # [R, 8]
+    replicates = torch.cat([
+        _rates(codes[torch.randint(n, (min(chunk, resamples - start), n), generator=generator)])  # [rows, 8]
+        for start in range(0, resamples, chunk)
+    ])  # [R, 8]
     tail = (1.0 - level) / 2
     estimates = []
     for column in range(point.numel()):

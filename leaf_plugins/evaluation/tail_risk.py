@@ -20,12 +20,14 @@ __all__ = [
     "bootstrap",
     "tail_risk_report",
     "BOOTSTRAP_RESAMPLES",
+    "CHUNK_ELEMENTS",
 ]
 
 BOOTSTRAP_RESAMPLES = 1000
 """Resamples of the paper's bootstrap CIs (Section 4, "Statistical analysis")."""
 
-_CHUNK_ELEMENTS = 1 << 22  # resampled values held at once (4M float64 = 32 MB)
+CHUNK_ELEMENTS = 1 << 22
+"""Resampled values held in memory at once by the bootstrap (4M values, 32 MB as float64)."""
 
 Statistic = Callable[[torch.Tensor], torch.Tensor]  # [R, n] -> [R]
 
@@ -108,7 +110,7 @@ def bootstrap(
     items = values[0]  # [n]
     n = items.numel()
     generator = torch.Generator().manual_seed(seed)
-    chunk = max(1, _CHUNK_ELEMENTS // n)
+    chunk = max(1, CHUNK_ELEMENTS // n)
     replicates = []
     for start in range(0, resamples, chunk):
         rows = min(chunk, resamples - start)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from leaf_plugins.tasks.audio import SAMPLING_RATE, AudioArray, AudioBytes, AudioFile
 from leaf_plugins.tasks.errors import DataError
@@ -75,7 +76,7 @@ def _split_records(directory: Path, splits: dict[str, Any], split: str) -> list[
                         f"columns: {', '.join(dataset.column_names)}")
     if isinstance(dataset.features["audio"], datasets.Audio):
         dataset = dataset.cast_column("audio", datasets.Audio(decode=False))
-        _check_audio_paths(dataset, directory, label)
+    _check_audio_paths(dataset, directory, label)
     text = dataset.select_columns([c for c in ("id", "prompt", "reference", "duration") if c in dataset.column_names])
     columns = text.to_dict()
     durations = columns.get("duration", [None] * len(dataset))
@@ -98,8 +99,11 @@ def _split_records(directory: Path, splits: dict[str, Any], split: str) -> list[
 def _check_audio_paths(dataset: Any, directory: Path, label: str) -> None:
     """Rows whose audio has no embedded bytes must point at an existing file (checked from
     the Arrow validity bitmaps and the path strings, without reading any audio bytes)."""
+    column = dataset.data.table.column("audio")
+    if not (pa.types.is_struct(column.type) and {"bytes", "path"} <= {f.name for f in column.type}):
+        return  # a stored waveform, not encoded audio
     offset = 0
-    for chunk in dataset.data.table.column("audio").chunks:
+    for chunk in column.chunks:
         has_bytes = chunk.field("bytes").is_valid().to_pylist()
         paths = chunk.field("path").to_pylist()
         for local, (present, path) in enumerate(zip(has_bytes, paths)):

@@ -13,7 +13,7 @@ from leaf_plugins.training.rollout import SURPRISAL_SOURCES
 
 __all__ = [
     "BackboneConfig", "TaskConfig", "EstimatorConfig", "RolloutConfig", "OptimConfig", "LoraSettings", "TrainConfig",
-    "load_train_config",
+    "load_train_config", "registered",
 ]
 
 
@@ -91,17 +91,19 @@ def load_train_config(path: Path, overrides: Iterable[str] = (), host: PluginHos
     if errors:
         raise ConfigError(f"{path}: " + "; ".join(errors))
     validators: dict[str, Callable[[Any], str | None]] = {
-        "backbone.name": _registered(host.backbones),
-        "task.name": _registered(host.tasks),
-        "estimator.name": _registered(host.estimators),
-        "reward": _registered(host.rewards),
+        "backbone.name": registered(host.backbones),
+        "task.name": registered(host.tasks),
+        "estimator.name": registered(host.estimators),
+        "reward": registered(host.rewards),
         "rollout.surprisal_from": lambda value: None if value in SURPRISAL_SOURCES
         else f"must be one of {', '.join(SURPRISAL_SOURCES)}",
     }
     return build(TrainConfig, data, str(path), validators)
 
 
-def _registered(registry: Any) -> Callable[[Any], str | None]:
+def registered(registry: Any) -> Callable[[Any], str | None]:
+    """A validator: the name must be registered (its message has the did-you-mean)."""
+
     def check(name: Any) -> str | None:
         try:
             registry.get(name)

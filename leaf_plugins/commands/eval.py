@@ -1,0 +1,125 @@
+"""``leaf eval``: score prediction files (text metrics over N runs, tail risk, pairwise A/B)."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from pathlib import Path
+
+from leaf_plugins.core.errors import ConfigError
+
+NAME = "eval"
+HELP = ("Evaluate prediction files (JSONL: prediction, reference[, id, question, score]): 'metrics' averages "
+        "BLEU/ROUGE/METEOR/BERTScore/length over N sampled runs, 'tail' gives CVaR and threshold fractions "
+        "with bootstrap CIs, 'pairwise' runs an LLM judge on two systems in both orders.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="evaluation", required=True, metavar="EVALUATION")
+    metrics = sub.add_parser("metrics", help="text metrics averaged over N prediction runs")
+    metrics.add_argument("--predictions", type=Path, nargs="+", required=True, metavar="RUN.jsonl",
+                         help="one file per sampled run of the same items")
+    metrics.add_argument("--metrics", nargs="+", metavar="NAME", help="subset of bleu rouge1 rouge2 rougeL meteor "
+                         "bertscore_f1 length (default: all)")
+    metrics.add_argument("--bertscore-model", default="roberta-large", help="hub id or local directory")
+    metrics.add_argument("--bertscore-layers", type=int, help="layer for a model bert-score does not know")
+    tail = sub.add_parser("tail", help="mean, CVaR@alpha and fraction below a threshold with bootstrap CIs")
+    tail.add_argument("--predictions", type=Path, required=True, metavar="FILE.jsonl")
+    tail.add_argument("--score-key", default="score", help="the per-item score field (default: score)")
+    tail.add_argument("--alphas", type=float, nargs="+", default=[0.10, 0.25])
+    tail.add_argument("--threshold", type=float, default=50.0)
+    tail.add_argument("--resamples", type=int, default=1000)
+    pairwise = sub.add_parser("pairwise", help="A/B judging in both orders with an HF causal LM")
+    pairwise.add_argument("--judge", required=True, help="hub id or local directory of the judge model")
+    pairwise.add_argument("--x", type=Path, required=True, metavar="X.jsonl", help="predictions of system X")
+    pairwise.add_argument("--y", type=Path, required=True, metavar="Y.jsonl", help="predictions of system Y")
+    pairwise.add_argument("--x-name", default="X")
+    pairwise.add_argument("--y-name", default="Y")
+    pairwise.add_argument("--template", choices=("judgelm", "prometheus"), default="judgelm")
+    pairwise.add_argument("--max-new-tokens", type=int, default=128)
+    pairwise.add_argument("--batch-size", type=int, default=8)
+    pairwise.add_argument("--device", default="cpu")
+    for command in (metrics, tail, pairwise):
+        command.add_argument("--prediction-key", default="prediction")
+        command.add_argument("--reference-key", default="reference")
+        command.add_argument("--out", type=Path, default=Path("results/eval"), help="directory for the tables")
+    metrics.set_defaults(evaluate=run_metrics)
+    tail.set_defaults(evaluate=run_tail)
+    pairwise.set_defaults(evaluate=run_pairwise)
+
+
+def run(args: argparse.Namespace) -> int:
+    return int(args.evaluate(args))
+
+
+def _write(out: Path, stem: str, header: tuple[str, ...], rows: list[tuple]) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / f"{stem}.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        writer.writerows(rows)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    table = "\n".join(lines)
+    (out / f"{stem}.md").write_text(table + "\n")
+    print(table + f"\n\nwritten: {out / stem}.md, {out / stem}.csv")
+    return table
+
+
+def run_metrics(args: argparse.Namespace) -> int:
+    from leaf_plugins.evaluation.predictions import read_predictions
+    from leaf_plugins.evaluation.text_metrics import METRICS, RunAverage, average_runs, evaluate_texts
+
+    runs = []
+    for path in args.predictions:
+        items = read_predictions(path, args.prediction_key, args.reference_key)
+        runs.append(evaluate_texts(items.predictions, items.references, args.metrics or METRICS,
+                                   args.bertscore_model, args.bertscore_layers))
+    rows = []
+    for name, value in average_runs(runs).items():
+        if isinstance(value, RunAverage):
+            rows.append((name, f"{value.mean:.2f}", f"{value.std:.2f}", f"{value.low:.2f}", f"{value.high:.2f}",
+                         value.runs))
+        else:
+            rows.append((name, str(value), "", "", "", len(runs)))
+    _write(args.out, "metrics", ("metric", "mean", "std over runs", "min", "max", "runs"), rows)
+    return 0
+
+
+def run_tail(args: argparse.Namespace) -> int:
+    from leaf_plugins.evaluation.predictions import read_predictions
+    from leaf_plugins.evaluation.tail_risk import tail_risk_report
+
+    items = read_predictions(args.predictions, args.prediction_key, args.reference_key, score_key=args.score_key)
+    report = tail_risk_report(items.scores, args.alphas, args.threshold, args.resamples)
+    rows = [(name, f"{e.value:.4g}", f"{e.low:.4g}", f"{e.high:.4g}") for name, e in report.items()]
+    _write(args.out, "tail_risk", ("statistic", f"value (N={len(items.ids)})", "95% CI low", "95% CI high"), rows)
+    return 0
+
+
+def run_pairwise(args: argparse.Namespace) -> int:
+    from leaf_plugins.evaluation.judge import PairItem, judge_pairs
+    from leaf_plugins.evaluation.pairwise import OUTCOMES
+    from leaf_plugins.evaluation.predictions import read_predictions
+
+    x = read_predictions(args.x, args.prediction_key, args.reference_key)
+    y = read_predictions(args.y, args.prediction_key, args.reference_key)
+    y_by_id = dict(zip(y.ids, y.predictions))
+    missing = [item for item in x.ids if item not in y_by_id]
+    if missing:
+        raise ConfigError(f"{len(missing)} ids of {args.x} are not in {args.y} (first: {missing[0]!r}); "
+                          "both files must hold the same items")
+    items = [PairItem(q, r, p, y_by_id[i]) for i, p, r, q in zip(x.ids, x.predictions, x.references, x.questions)]
+    judged = judge_pairs(args.judge, items, template=args.template, max_new_tokens=args.max_new_tokens,
+                         batch_size=args.batch_size, device=args.device)
+    rows = [(label, value) for label, value in judged.summary.rows(args.x_name, args.y_name)]
+    rows.append(("pairs", str(judged.summary.pairs)))
+    _write(args.out, "pairwise", ("statistic", "value [95% CI]"), rows)
+    with (args.out / "pairwise_outputs.jsonl").open("w") as handle:
+        for item, first, second, code in zip(x.ids, judged.outputs_x_first, judged.outputs_y_first,
+                                             judged.codes.tolist()):
+            record = {"id": item, "x_first": first, "y_first": second, "outcome": OUTCOMES[code]}
+            handle.write(json.dumps(record) + "\n")
+    print(f"judge outputs: {args.out / 'pairwise_outputs.jsonl'}")
+    return 0

@@ -1,0 +1,68 @@
+"""``leaf tasks``: build the built-in spoken tasks, or show the examples of any task (to
+check local data paths: ``leaf tasks show librisqa --split test librisqa_dir=... librispeech_dir=...``)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from leaf_plugins.core.errors import ConfigError
+from leaf_plugins.core.plugins import get_host
+from leaf_plugins.tasks.base import SPLITS
+
+NAME = "tasks"
+HELP = "Build the built-in spoken tasks, or show a task's examples and filtered-row counts."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    build = sub.add_parser("build", help="build (or find in the cache) a built-in spoken task")
+    build.add_argument("target", nargs="+", metavar="NAME [key=value ...]",
+                       help="spoken-qa or spoken-translation, then more task options (validation_size=…)")
+    build.add_argument("--seed", type=int, default=0)
+    build.add_argument("--size", type=int, default=320, help="examples in all splits")
+    build.add_argument("--cache-dir", help="cache root (default $LEAF_CACHE_DIR/tasks or ~/.cache/leaf-plugins/tasks)")
+    show = sub.add_parser("show", help="print examples of a split: id, duration, prompt, reference")
+    show.add_argument("target", nargs="+", metavar="NAME [key=value ...]",
+                      help="a registered task, then its options right after it, e.g. librisqa prepared=/data/librisqa")
+    show.add_argument("--split", default="train", choices=SPLITS)
+    show.add_argument("--limit", type=int, default=5, help="examples to print")
+
+
+def run(args: argparse.Namespace) -> int:
+    name, options = args.target[0], parse_pairs(args.target[1:])
+    task = get_host().tasks.get(name)
+    if args.action == "build":
+        if not hasattr(task, "build"):
+            raise ConfigError(f"task {name!r} reads local data and has nothing to build; "
+                              f"use 'leaf tasks show {name} key=value ...'")
+        options.update(seed=args.seed, size=args.size, **({"cache_dir": args.cache_dir} if args.cache_dir else {}))
+        build = task.build(**options)
+        sizes = ", ".join(f"{split} {count}" for split, count in build.sizes.items())
+        state = f"built in {build.seconds:.1f} s" if build.built else "found in the cache"
+        print(f"{name}: {sum(build.sizes.values())} examples ({sizes}) {state}: {build.directory}")
+        return 0
+    start = time.perf_counter()
+    examples = task.load(args.split, **options)
+    filtered: dict[str, int] = getattr(examples, "filtered", {})
+    source = getattr(examples, "source", "")
+    print(f"{name}/{args.split}: {len(examples)} examples{f' from {source}' if source else ''} "
+          f"({time.perf_counter() - start:.1f} s)")
+    detail = ", ".join(f"{reason}: {count}" for reason, count in filtered.items())
+    print(f"filtered rows: {sum(filtered.values())}{f' ({detail})' if detail else ''}")
+    for index in range(min(args.limit, len(examples))):
+        example = examples[index]
+        print(f"\n[{example.id}] {example.duration:.2f} s\n  prompt:    {example.prompt!r}\n  reference: {example.reference!r}")
+    return 0
+
+
+def parse_pairs(pairs: list[str]) -> dict[str, Any]:
+    """``["a=1", "b=x"]`` -> ``{"a": "1", "b": "x"}`` (the task converts the types)."""
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"task options are key=value pairs, got {pair!r}")
+        options[key.strip()] = value
+    return options

@@ -1,0 +1,24 @@
+"""``leaf warm-start CONFIG [a.b=value ...]``: supervised fine-tuning before RL."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+NAME = "warm-start"
+HELP = "Supervised fine-tuning on a task's references; saves a checkpoint RL runs load (backbone.path)."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", type=Path, help="YAML warm-start config (output_dir, epochs, backbone, task)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+
+
+def run(args: argparse.Namespace) -> int:
+    from leaf_plugins.core.plugins import get_host
+    from leaf_plugins.training.warm_start import load_warm_start_config, warm_start
+
+    config = load_warm_start_config(args.config, args.overrides)
+    examples = list(get_host().tasks.get(config.task.name).load(config.task.split, **config.task.options))
+    print(f"warm-started model: {warm_start(config, examples)}")
+    return 0

@@ -1,0 +1,67 @@
+"""Prediction files: JSONL, one item per line, read with errors that name file:line."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from leaf_plugins.core.errors import ConfigError
+
+__all__ = ["PredictionFile", "read_predictions"]
+
+
+@dataclass(frozen=True)
+class PredictionFile:
+    """The items of one prediction run, in file order."""
+
+    path: Path
+    ids: list[str]
+    predictions: list[str]
+    references: list[str]
+    questions: list[str]
+    scores: list[float] | None  # the per-item score column, when one was asked for
+
+
+def read_predictions(
+    path: str | Path,
+    prediction_key: str = "prediction",
+    reference_key: str = "reference",
+    question_key: str = "question",
+    id_key: str = "id",
+    score_key: str | None = None,
+) -> PredictionFile:
+    """Read a JSONL prediction file: one object per line with ``prediction_key`` and
+    ``reference_key`` strings, optionally ``id_key`` (default: the line number),
+    ``question_key`` and a numeric ``score_key`` (required when given)."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"prediction file {path} does not exist")
+    ids, predictions, references, questions, scores = [], [], [], [], []
+    with path.open() as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ConfigError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from error
+            if not isinstance(record, dict):
+                raise ConfigError(f"{where}: expected a JSON object, got {type(record).__name__}")
+            for key in (prediction_key, reference_key):
+                if not isinstance(record.get(key), str):
+                    known = ", ".join(sorted(record)) or "(none)"
+                    raise ConfigError(f"{where}: no string {key!r} (keys on this line: {known})")
+            if score_key is not None:
+                value = record.get(score_key)
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise ConfigError(f"{where}: {score_key!r} must be a number, got {value!r}")
+                scores.append(float(value))
+            ids.append(str(record.get(id_key, number)))
+            predictions.append(record[prediction_key])
+            references.append(record[reference_key])
+            questions.append(str(record.get(question_key, "")))
+    if not ids:
+        raise ConfigError(f"prediction file {path} holds no items")
+    return PredictionFile(path, ids, predictions, references, questions, scores if score_key else None)
