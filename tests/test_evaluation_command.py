@@ -62,3 +62,22 @@ def test_pairwise_command_with_a_tiny_judge(tmp_path, capsys):
     outputs = [json.loads(line) for line in (out / "pairwise_outputs.jsonl").read_text().splitlines()]
     assert [o["id"] for o in outputs] == ["a", "b"]
     assert "win LEAF (%)" in (out / "pairwise.md").read_text()
+
+
+def test_generate_samples_runs_that_metrics_then_scores(tmp_path, capsys):
+    run = tmp_path / "run.yaml"
+    run.write_text(f"""\
+output_dir: {tmp_path / 'no-run'}
+backbone: {{name: tiny-qwen2-audio}}
+task: {{name: spoken-translation, options: {{size: 8, validation_size: 1, test_size: 3, cache_dir: {tmp_path}}}}}
+""")
+    out = tmp_path / "predictions"
+    assert main(["eval", "generate", str(run), "--split", "test", "--runs", "2", "--max-new-tokens", "5",
+                 "--out", str(out)]) == 0
+    files = sorted(out.glob("predictions-run*.jsonl"))
+    assert [path.name for path in files] == ["predictions-run0.jsonl", "predictions-run1.jsonl"]
+    rows = [json.loads(line) for line in files[0].read_text().splitlines()]
+    assert len(rows) == 3 and all(set(row) == {"id", "prediction", "reference", "question"} for row in rows)
+    assert main(["eval", "metrics", "--predictions", *map(str, files), "--metrics", "bleu", "length",
+                 "--out", str(tmp_path / "scores")]) == 0
+    assert "| bleu |" in capsys.readouterr().out

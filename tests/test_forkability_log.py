@@ -85,3 +85,24 @@ def test_forkability_command_writes_tables_and_plot(tmp_path, capsys):
     assert sum(int(p["usable"]) for p in positions) == int(row["usable"])
     assert (out / "usable_rate.png").read_bytes()[:4] == b"\x89PNG"
     assert (out / "forkability.md").read_text().startswith("| Rollouts |")
+
+
+def test_forkability_from_a_fresh_sampling_pass(tmp_path, capsys):
+    """--sample: K responses per held-out example from a run config's (starting) model."""
+    run = tmp_path / "run.yaml"
+    run.write_text(f"""\
+output_dir: {tmp_path / 'no-run'}
+backbone: {{name: tiny-qwen2-audio}}
+task: {{name: spoken-translation, options: {{size: 8, validation_size: 3, test_size: 1, cache_dir: {tmp_path}}}}}
+rollout: {{group_size: 4, prompts_per_step: 2, max_new_tokens: 6}}
+""")
+    out = tmp_path / "out"
+    code = main(["forkability", "--sample", str(run), "--split", "validation", "--out", str(out), "--min-attempts", "1",
+                 "--resamples", "50", "--set", "rollout.temperature=1.5"])
+    assert code == 0
+    with (out / "forkability.csv").open() as handle:
+        (row,) = list(csv.DictReader(handle))
+    # 3 validation examples, one group of 4 each; B = 2 boundary attempts at most per group
+    assert row["label"] == "tiny-qwen2-audio-validation" and int(row["groups"]) == 3
+    assert 0 < int(row["attempts"]) <= 6 and int(row["usable"]) <= int(row["fired"]) <= int(row["attempts"])
+    assert (out / "usable_rate.png").exists()

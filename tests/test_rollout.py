@@ -42,7 +42,7 @@ def test_layout_eos_and_padding(setup, rollout):
         assert eos not in row[: length - 1]  # generation stops at the first EOS ...
         if length < batch.width:
             assert row[length - 1] == eos  # ... which belongs to the response
-    banned = set(audio_token_ids(loaded.tokenizer))
+    banned = set(audio_token_ids(loaded))
     assert not banned & set(batch.tokens.flatten().tolist())
     assert len(rollout.texts) == 18
 

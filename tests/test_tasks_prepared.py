@@ -100,3 +100,16 @@ def test_hub_code_path_on_a_local_dataset_folder(tmp_path):
     test = task("librisqa").load("test", hub=str(repo), librispeech_dir=str(tmp_path / "speech"))
     assert [(r.id, r.reference) for r in test.records] == [("1-2-0", "A0"), ("1-2-1", "A1"), ("1-2-2", "A2")]
     assert len(test[0].audio) == 4000
+
+
+@pytest.mark.parametrize("name", ["librisqa", "covost2-en-de", "dailytalk", "longaudio"])
+def test_every_paper_task_loads_the_prepared_format_in_all_splits(name, tmp_path):
+    data = rows("x", 3, 16000)
+    data["task"] = [name] * 3
+    splits = {split: datasets.Dataset.from_dict(data) for split in ("train", "validation", "test")}
+    datasets.DatasetDict(splits).cast_column("audio", datasets.Audio()).save_to_disk(str(tmp_path / name))
+    for split in ("train", "validation", "test"):
+        loaded = task(name).load(split, prepared=str(tmp_path / name))
+        assert [r.id for r in loaded.records] == ["x0", "x1", "x2"]
+        assert loaded[2].prompt == "<|audio|>\nQuestion 2?" and loaded[2].reference == "Answer 2."
+        assert len(loaded[2].audio) == 16000 and loaded[2].duration == pytest.approx(1.0)

@@ -14,7 +14,9 @@ from training_cases import config, examples, host
 
 
 def final_adapter(output_dir, steps: int, plugins=()) -> dict[str, torch.Tensor]:
-    trainer = Trainer(config(output_dir, "leaf", steps=steps), examples(), plugins=plugins, host=host())
+    settings = config(output_dir, "leaf", steps=steps)
+    settings.log_rollouts = True
+    trainer = Trainer(settings, examples(), plugins=plugins, host=host())
     trainer.run()
     return lora_state(trainer.policy)
 
@@ -51,3 +53,30 @@ def test_ctrl_c_saves_a_checkpoint_and_the_rerun_completes_the_run(tmp_path):
     resumed = final_adapter(tmp_path / "interrupted", steps=4)
     for name in straight:
         assert torch.allclose(straight[name], resumed[name], atol=1e-6), name
+
+
+class CrashAt:
+    """Raises an error (a crash: no checkpoint is saved) once a step has ended."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    @hookimpl
+    def on_step_end(self, step, metrics):
+        if step == self.step:
+            raise RuntimeError("crash")
+
+
+def test_after_a_crash_the_logs_are_cut_back_to_the_checkpoint_and_match_a_straight_run(tmp_path):
+    final_adapter(tmp_path / "straight", steps=4)
+    with pytest.raises(RuntimeError):
+        final_adapter(tmp_path / "crashed", steps=4, plugins=[CrashAt(3)])  # checkpoint-2 only; step 3 logged
+    logged = [json.loads(line)["step"] for line in (tmp_path / "crashed" / "rollouts.jsonl").read_text().splitlines()]
+    assert logged == [1] * 4 + [2] * 4 + [3] * 4  # 4 prompts (groups) per step
+    final_adapter(tmp_path / "crashed", steps=4)
+    for log in ("metrics.jsonl", "rollouts.jsonl"):
+        straight = [json.loads(line) for line in (tmp_path / "straight" / log).read_text().splitlines()]
+        resumed = [json.loads(line) for line in (tmp_path / "crashed" / log).read_text().splitlines()]
+        assert [row["step"] for row in resumed] == [row["step"] for row in straight]
+        if log == "rollouts.jsonl":  # the same samples, rewards and surprisal, step by step
+            assert resumed == straight

@@ -13,6 +13,7 @@ from leaf_plugins import get_host
 from leaf_plugins.cli import main
 from leaf_plugins.tasks.base import Example
 from leaf_plugins.training.config import BackboneConfig
+from leaf_plugins.training.rollout import audio_token_ids
 from leaf_plugins.training.warm_start import WarmStartConfig, reference_tokens, warm_start
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "warm-start" / "tiny-qwen2-audio-translation.yaml"
@@ -45,6 +46,8 @@ def test_warm_start_learns_the_references_and_saves_a_loadable_backbone(tmp_path
     inputs = backbone.build_inputs(reloaded, ["<|audio|> Translate."], [examples()[0].audio])
     with torch.no_grad():
         assert torch.equal(reloaded.model.eval()(**inputs).logits, again.model.eval()(**inputs).logits)
+    fresh = backbone.load(dtype="float32")
+    assert audio_token_ids(reloaded) == audio_token_ids(fresh) and len(audio_token_ids(fresh)) == 3  # <|AUDIO|>, bos, eos
     assert warm_start(config, []) == path  # a finished warm start is reused
 
 

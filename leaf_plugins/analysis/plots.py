@@ -5,7 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping, Sequence
 
-__all__ = ["plot_usable_rate"]
+__all__ = ["plot_usable_rate", "pyplot"]
+
+
+def pyplot():
+    """``matplotlib.pyplot`` with the non-interactive Agg backend (files only)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def plot_usable_rate(
@@ -20,11 +30,7 @@ def plot_usable_rate(
 
     :param curves: label → rows of ``ForkabilityReport.per_position()``.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     figure, axis = plt.subplots(figsize=(7, 4))
     for label, rows in curves.items():
         kept = [row for row in rows if row["attempts"] >= min_attempts

@@ -18,6 +18,7 @@ import torch
 from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.core.hookspecs import hookimpl
+from leaf_plugins.core.jsonl import read_jsonl
 from leaf_plugins.core.tree import EstimateResult
 
 __all__ = ["LoggedGroup", "group_records", "write_groups", "read_groups", "batches_from_groups", "RolloutLogger"]
@@ -101,19 +102,8 @@ def write_groups(handle: IO[str], groups: Iterable[LoggedGroup]) -> int:
 
 def read_groups(path: str | Path) -> Iterator[LoggedGroup]:
     """Stream the groups of a rollout log, checking every line; errors name file:line."""
-    path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"rollout log {path} does not exist")
-    with path.open() as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ConfigError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from error
-            yield _group(record, where)
+    for number, record in read_jsonl(path, "rollout log"):
+        yield _group(record, f"{path}:{number}")
 
 
 def _group(record: object, where: str) -> LoggedGroup:

@@ -10,13 +10,30 @@ from pathlib import Path
 from leaf_plugins.core.errors import ConfigError
 
 NAME = "eval"
-HELP = ("Evaluate prediction files (JSONL: prediction, reference[, id, question, score]): 'metrics' averages "
+HELP = ("'generate' samples N prediction runs of a trained run (the paper's decoding) into prediction files; "
+        "evaluate prediction files (JSONL: prediction, reference[, id, question, score]): 'metrics' averages "
         "BLEU/ROUGE/METEOR/BERTScore/length over N sampled runs, 'tail' gives CVaR and threshold fractions "
         "with bootstrap CIs, 'pairwise' runs an LLM judge on two systems in both orders.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="evaluation", required=True, metavar="EVALUATION")
+    generate = sub.add_parser("generate", help="sample N prediction runs from a run's checkpoint over a task split")
+    generate.add_argument("config", type=Path, metavar="RUN.yaml", help="the run config (backbone, task)")
+    generate.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="run-config overrides")
+    generate.add_argument("--checkpoint", type=Path, metavar="RUN_DIR",
+                          help="run directory whose newest checkpoint samples (default: the config's output_dir if "
+                               "it has one, else the starting model)")
+    generate.add_argument("--split", default="test")
+    generate.add_argument("--limit", type=int, help="only the first N examples")
+    generate.add_argument("--runs", type=int, default=3, help="sampled decoding runs (default 3)")
+    generate.add_argument("--temperature", type=float, default=0.9)
+    generate.add_argument("--top-p", type=float, default=0.9)
+    generate.add_argument("--max-new-tokens", type=int, default=200)
+    generate.add_argument("--batch-prompts", type=int, default=8)
+    generate.add_argument("--seed", type=int, default=0)
+    generate.add_argument("--out", type=Path, default=Path("results/predictions"), help="directory for the files")
+    generate.set_defaults(evaluate=run_generate)
     metrics = sub.add_parser("metrics", help="text metrics averaged over N prediction runs")
     metrics.add_argument("--predictions", type=Path, nargs="+", required=True, metavar="RUN.jsonl",
                          help="one file per sampled run of the same items")
@@ -65,6 +82,28 @@ def _write(out: Path, stem: str, header: tuple[str, ...], rows: list[tuple]) -> 
     (out / f"{stem}.md").write_text(table + "\n")
     print(table + f"\n\nwritten: {out / stem}.md, {out / stem}.csv")
     return table
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from leaf_plugins.core.plugins import get_host
+    from leaf_plugins.evaluation.predictions import write_predictions
+    from leaf_plugins.evaluation.sampling import load_policy, sample_predictions
+    from leaf_plugins.training.checkpoint import latest_checkpoint
+    from leaf_plugins.training.config import load_train_config
+
+    config = load_train_config(args.config, args.overrides)
+    run_dir = args.checkpoint
+    if run_dir is None and latest_checkpoint(Path(config.output_dir)) is not None:
+        run_dir = Path(config.output_dir)
+    examples = list(get_host().tasks.get(config.task.name).load(args.split, **config.task.options))[: args.limit]
+    policy = load_policy(config.backbone, run_dir)
+    runs = sample_predictions(policy, examples, args.runs, args.temperature, args.top_p, args.max_new_tokens,
+                              args.batch_prompts, args.seed)
+    paths = write_predictions(args.out, examples, runs)
+    print(f"{len(examples)} examples x {args.runs} runs from {run_dir or 'the starting model'}: "
+          f"{' '.join(str(path) for path in paths)}")
+    print(f"score them: leaf eval metrics --predictions {' '.join(str(path) for path in paths)}")
+    return 0
 
 
 def run_metrics(args: argparse.Namespace) -> int:

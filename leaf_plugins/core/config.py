@@ -19,7 +19,7 @@ from ruamel.yaml.error import MarkedYAMLError
 
 from leaf_plugins.core.errors import ConfigError, suggest
 
-__all__ = ["load_yaml", "apply_overrides", "build"]
+__all__ = ["load_yaml", "apply_overrides", "build", "build_collecting", "set_dotted", "format_errors"]
 
 
 def load_yaml(path: Path) -> CommentedMap:
@@ -47,36 +47,64 @@ def apply_overrides(data: CommentedMap, overrides: Iterable[str]) -> list[str]:
             errors.append(f"override {text!r}: expected key.path=value")
             continue
         value = YAML(typ="safe").load(raw) if raw.strip() else None
-        node = data
-        parts = key.split(".")
-        for part in parts[:-1]:
-            child = node.get(part)
-            if child is None:
-                child = CommentedMap()
-                node[part] = child
-            if not isinstance(child, dict):
-                errors.append(f"override {text!r}: {part!r} is not a section")
-                break
-            node = child
-        else:
-            node[parts[-1]] = value
-            _mark_override(node, parts[-1], text)
+        problem = set_dotted(data, key, value, f"override {text!r}")
+        if problem:
+            errors.append(f"override {text!r}: {problem}")
     return errors
 
 
-def build(cls: type, data: Any, where: str, validators: dict[str, Callable[[Any], str | None]] | None = None) -> Any:
+def set_dotted(data: CommentedMap, key: str, value: Any, location: str) -> str | None:
+    """Set ``data[a][b] = value`` for ``key`` ``"a.b"``, creating sections; errors in the
+    built configuration at this key are then reported at ``location``. Returns the
+    problem, if a part of the path is not a section."""
+    node = data
+    parts = key.split(".")
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = CommentedMap()
+            node[part] = child
+        if not isinstance(child, dict):
+            return f"{part!r} is not a section"
+        node = child
+    node[parts[-1]] = value
+    _mark_location(node, parts[-1], location)
+    return None
+
+
+def build(
+    cls: type, data: Any, where: str, validators: dict[str, Callable[[Any], str | None]] | None = None,
+    prefix: str = "",
+) -> Any:
     """An instance of dataclass ``cls`` from ``data``; every error raised together.
 
     :param where: the file name, for locations.
     :param validators: dotted key -> function returning an error message (or None),
         e.g. to check that an estimator name is registered.
+    :param prefix: the dotted path of ``data`` in its file (``"base."``), for messages.
     """
-    errors: list[str] = []
-    value = _build(cls, data, where, "", errors, validators or {})
+    value, errors = build_collecting(cls, data, where, validators, prefix)
     if errors:
-        count = f"{len(errors)} error{'s' if len(errors) > 1 else ''}"
-        raise ConfigError(f"{where}: {count} in the configuration:\n  " + "\n  ".join(errors))
+        raise ConfigError(format_errors(where, errors))
     return value
+
+
+def build_collecting(
+    cls: type, data: Any, where: str, validators: dict[str, Callable[[Any], str | None]] | None = None,
+    prefix: str = "",
+) -> tuple[Any, list[str]]:
+    """Like ``build``, but the errors are returned (with the instance built from the
+    valid keys) so that a caller can report them together with its own."""
+    errors: list[str] = []
+    value = _build(cls, data, where, prefix, errors, validators or {})
+    return value, errors
+
+
+def format_errors(where: str, errors: list[str]) -> str:
+    """One message for all ``errors`` of the file ``where`` (duplicates dropped)."""
+    unique = list(dict.fromkeys(errors))
+    count = f"{len(unique)} error{'s' if len(unique) > 1 else ''}"
+    return f"{where}: {count} in the configuration:\n  " + "\n  ".join(unique)
 
 
 def _build(cls: type, data: Any, where: str, prefix: str, errors: list[str], validators: dict) -> Any:
@@ -144,24 +172,24 @@ def _name(annotation: Any) -> str:
     return "null" if annotation is type(None) else getattr(annotation, "__name__", str(annotation))
 
 
-_OVERRIDES = "_leaf_override_texts"
+_LOCATIONS = "_leaf_locations"
 
 
-def _mark_override(node: Any, key: str, text: str) -> None:
-    marks = getattr(node, _OVERRIDES, None)
+def _mark_location(node: Any, key: str, location: str) -> None:
+    marks = getattr(node, _LOCATIONS, None)
     if marks is None:
         marks = {}
         try:
-            setattr(node, _OVERRIDES, marks)
+            setattr(node, _LOCATIONS, marks)
         except AttributeError:
             return
-    marks[key] = text
+    marks[key] = location
 
 
 def _location(node: Any, key: Any, where: str) -> str:
-    marks = getattr(node, _OVERRIDES, {})
+    marks = getattr(node, _LOCATIONS, {})
     if key in marks:
-        return f"override {marks[key]!r}"
+        return marks[key]
     try:
         line, column = node.lc.key(key)
         return f"{where}:{line + 1}:{column + 1}"

@@ -13,7 +13,7 @@ from leaf_plugins.training.rollout import SURPRISAL_SOURCES
 
 __all__ = [
     "BackboneConfig", "TaskConfig", "EstimatorConfig", "RolloutConfig", "OptimConfig", "LoraSettings", "TrainConfig",
-    "load_train_config", "registered",
+    "load_train_config", "registered", "train_validators",
 ]
 
 
@@ -73,6 +73,7 @@ class TrainConfig:
     seed: int = 0
     steps: int = 100
     checkpoint_every: int = 10
+    log_rollouts: bool = False  # every step's rollout groups to rollouts.jsonl (forkability analysis)
     reward: str = "sentence_bleu"
     backbone: BackboneConfig = field(default_factory=BackboneConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -90,7 +91,13 @@ def load_train_config(path: Path, overrides: Iterable[str] = (), host: PluginHos
     errors = apply_overrides(data, overrides)
     if errors:
         raise ConfigError(f"{path}: " + "; ".join(errors))
-    validators: dict[str, Callable[[Any], str | None]] = {
+    return build(TrainConfig, data, str(path), train_validators(host))
+
+
+def train_validators(host: PluginHost, prefix: str = "") -> dict[str, Callable[[Any], str | None]]:
+    """The checks of a run config's registered names and choices, keyed by dotted path
+    (under ``prefix`` when the run config is a section of another file)."""
+    checks: dict[str, Callable[[Any], str | None]] = {
         "backbone.name": registered(host.backbones),
         "task.name": registered(host.tasks),
         "estimator.name": registered(host.estimators),
@@ -98,7 +105,7 @@ def load_train_config(path: Path, overrides: Iterable[str] = (), host: PluginHos
         "rollout.surprisal_from": lambda value: None if value in SURPRISAL_SOURCES
         else f"must be one of {', '.join(SURPRISAL_SOURCES)}",
     }
-    return build(TrainConfig, data, str(path), validators)
+    return {prefix + key: check for key, check in checks.items()}
 
 
 def registered(registry: Any) -> Callable[[Any], str | None]:

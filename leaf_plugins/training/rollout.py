@@ -59,7 +59,7 @@ def sample_responses(
     tokenizer = loaded.tokenizer
     output = model.generate(
         **inputs,
-        suppress_tokens=audio_token_ids(tokenizer) or None,
+        suppress_tokens=audio_token_ids(loaded) or None,
         do_sample=True,
         temperature=temperature,
         top_p=top_p,
@@ -133,12 +133,24 @@ def response_logprobs(
     return torch.where(real, taken, 0.0)
 
 
-def audio_token_ids(tokenizer: Any) -> list[int]:
+def audio_token_ids(loaded: LoadedBackbone) -> list[int]:
     """Ids of the audio placeholder tokens (never part of a response: the processor
-    would take them for audio slots)."""
-    names = ("audio_token", "audio_bos_token", "audio_eos_token")
-    tokens = [getattr(tokenizer, name, None) for name in names]
-    return [tokenizer.convert_tokens_to_ids(token) for token in tokens if isinstance(token, str)]
+    would take them for audio slots), from the tokenizer, the processor and the model
+    config (a tokenizer reloaded from disk may have lost its ``audio_token`` attributes)."""
+    tokenizer = loaded.tokenizer
+    found: set[int] = set()
+    for source in (tokenizer, loaded.processor):
+        for name in ("audio_token", "audio_bos_token", "audio_eos_token"):
+            token = getattr(source, name, None)
+            if isinstance(token, str):
+                number = tokenizer.convert_tokens_to_ids(token)
+                if isinstance(number, int) and number != tokenizer.unk_token_id:
+                    found.add(number)
+    for name in ("audio_token_index", "audio_token_id"):
+        number = getattr(loaded.model.config, name, None)
+        if isinstance(number, int):
+            found.add(number)
+    return sorted(found)
 
 
 def _taken(log_probabilities: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,7 @@ import torch
 from accelerate import Accelerator
 from tqdm import tqdm
 
+from leaf_plugins.analysis.rollout_log import RolloutLogger
 from leaf_plugins.backbones.base import LoadedBackbone
 from leaf_plugins.core.engine import Engine
 from leaf_plugins.core.errors import ConfigError
@@ -33,7 +34,9 @@ from leaf_plugins.training.lora import attach_lora, reference_policy
 from leaf_plugins.training.loss import PolicyLoss, policy_loss
 from leaf_plugins.training.rollout import Rollout, audio_token_ids, response_logprobs, sample_responses
 
-__all__ = ["StepContext", "DefaultStages", "Trainer"]
+__all__ = ["StepContext", "DefaultStages", "Trainer", "ROLLOUT_LOG"]
+
+ROLLOUT_LOG = "rollouts.jsonl"  # in the run's output directory, with ``log_rollouts: true``
 
 
 @dataclass
@@ -113,11 +116,15 @@ class Trainer:
         optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=config.optim.learning_rate)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.completed = 0  # optimizer steps done
+        # the main process logs its share of every step's rollout groups (1-based step numbers)
+        self.rollout_logger = (RolloutLogger(self.output_dir / ROLLOUT_LOG)
+                               if config.log_rollouts and self.accelerator.is_main_process else None)
+        observers = [DefaultStages(reward), *([self.rollout_logger] if self.rollout_logger else []), *plugins]
         self.engine = Engine(
             config.estimator.name,
             config.estimator.params,
             config.estimator.stages,
-            observers=[DefaultStages(reward), *plugins],
+            observers=observers,
             host=host,
         )
 
@@ -174,6 +181,8 @@ class Trainer:
         rewards = hook.score_rollouts(context=context, rollout=rollout)
         batch = rollout.batch.with_rewards(rewards)
         sampled = time.perf_counter()
+        if self.rollout_logger is not None:
+            self.rollout_logger.step = step + 1
         result = self.engine.estimate(batch)
         estimated = time.perf_counter()
         losses = self._update(context, rollout, batch, result.advantages)
@@ -229,7 +238,7 @@ class Trainer:
 
     def _check_prompt_lengths(self, examples: list[Example], inputs: dict[str, torch.Tensor]) -> None:
         limit = self.config.rollout.max_prompt_tokens
-        audio = torch.tensor(audio_token_ids(self.loaded.tokenizer) + [self.policy.config.audio_token_index])
+        audio = torch.tensor(audio_token_ids(self.loaded))
         text = (inputs["attention_mask"].bool() & ~torch.isin(inputs["input_ids"].cpu(), audio).to(
             inputs["attention_mask"].device)).sum(dim=1)  # [P]
         for example, count in zip(examples, text.tolist()):
@@ -253,10 +262,11 @@ class Trainer:
         if found is None:
             return 0
         step = load_checkpoint(found, self.policy, self.optimizer)
-        metrics = self.output_dir / "metrics.jsonl"
-        if metrics.exists() and self.accelerator.is_main_process:  # drop steps logged after that checkpoint
-            kept = [line for line in metrics.read_text().splitlines() if json.loads(line)["step"] <= step]
-            metrics.write_text("".join(line + "\n" for line in kept))
+        if self.accelerator.is_main_process:  # drop steps logged after that checkpoint
+            for log in (self.output_dir / "metrics.jsonl", self.output_dir / ROLLOUT_LOG):
+                if log.exists():
+                    kept = [line for line in log.read_text().splitlines() if json.loads(line)["step"] <= step]
+                    log.write_text("".join(line + "\n" for line in kept))
         return step
 
     def _save(self, step: int) -> None:

@@ -21,7 +21,7 @@ from leaf_plugins.tasks.base import Example
 from leaf_plugins.training.config import BackboneConfig, TaskConfig
 from leaf_plugins.training.rollout import response_logprobs
 
-__all__ = ["WarmStartConfig", "warm_start", "reference_tokens", "load_warm_start_config"]
+__all__ = ["WarmStartConfig", "warm_start", "reference_tokens", "load_warm_start_config", "warm_start_validators"]
 
 
 @dataclass
@@ -41,15 +41,20 @@ def load_warm_start_config(path: Path, overrides: Sequence[str] = (), host: Plug
     """A ``WarmStartConfig`` from YAML and ``a.b=value`` overrides (errors as for runs)."""
     from leaf_plugins.core.config import apply_overrides, build, load_yaml
     from leaf_plugins.core.errors import ConfigError
-    from leaf_plugins.training.config import registered
 
     host = host or get_host()
     data = load_yaml(path)
     errors = apply_overrides(data, overrides)
     if errors:
         raise ConfigError(f"{path}: " + "; ".join(errors))
-    validators = {"backbone.name": registered(host.backbones), "task.name": registered(host.tasks)}
-    return build(WarmStartConfig, data, str(path), validators)
+    return build(WarmStartConfig, data, str(path), warm_start_validators(host))
+
+
+def warm_start_validators(host: PluginHost, prefix: str = "") -> dict:
+    """The checks of a warm-start config's registered names, keyed by dotted path."""
+    from leaf_plugins.training.config import registered
+
+    return {f"{prefix}backbone.name": registered(host.backbones), f"{prefix}task.name": registered(host.tasks)}
 
 
 def reference_tokens(tokenizer, references: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:

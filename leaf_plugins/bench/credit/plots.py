@@ -4,23 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from leaf_plugins.analysis.plots import pyplot
 from leaf_plugins.bench.credit.sweep import Row
 
 __all__ = ["plot_cosines", "plot_learning"]
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_cosines(rows: list[Row], path: Path) -> None:
     """Gradient cosine with 95% CI, one group of bars per regime."""
-    plt = _pyplot()
+    plt = pyplot()
     regimes = list(dict.fromkeys(row.regime for row in rows))
     estimators = list(dict.fromkeys(row.estimator for row in rows))
     figure, axis = plt.subplots(figsize=(max(8, len(regimes) * 1.2), 4))
@@ -41,7 +33,7 @@ def plot_cosines(rows: list[Row], path: Path) -> None:
 
 def plot_learning(rows: list[Row], path: Path) -> None:
     """Mean exact reward J over policy-gradient steps, one panel per regime."""
-    plt = _pyplot()
+    plt = pyplot()
     regimes = list(dict.fromkeys(row.regime for row in rows))
     columns = min(5, len(regimes))
     lines = (len(regimes) + columns - 1) // columns

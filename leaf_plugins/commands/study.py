@@ -1,0 +1,40 @@
+"""``leaf study FILE [a.b=value ...]``: run a YAML-declared ablation study."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+NAME = "study"
+HELP = ("Run every variation x seed of a study file (train, evaluate on held-out examples), skipping finished "
+        "runs, and write the results table (Markdown, CSV) and learning curves (PNG).")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("study", type=Path, help="YAML study file (see docs/studies.md)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="overrides of the study file, e.g. base.steps=10 seeds=[0]")
+    parser.add_argument("--check", action="store_true", help="only validate the file and list its runs")
+
+
+def run(args: argparse.Namespace) -> int:
+    from leaf_plugins.studies.config import load_study
+
+    study = load_study(args.study, args.overrides)
+    if args.check:
+        print(f"{args.study}: OK, {len(study.runs)} runs ({len(study.variations)} variations x "
+              f"{len(study.config.seeds)} seeds) -> {study.output_dir}")
+        for variation in study.variations:
+            print(f"  {variation}")
+        return 0
+    from leaf_plugins.studies.runner import run_study
+
+    try:
+        table = run_study(study)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: checkpoints and finished runs are kept; run the same command to resume")
+        return 130
+    print()
+    print(table.read_text())
+    print(f"written: {table}, {table.with_name('results.csv')}, {table.with_name('learning_curves.png')}")
+    return 0

@@ -1,0 +1,80 @@
+"""Sampled decoding of a trained run (or of its starting model) over held-out examples.
+
+The paper's protocol: temperature 0.9, top-p 0.9, 200 new tokens, N runs. The same pass
+with K > 1 samples per prompt gives rollout groups for a fresh forkability analysis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import torch
+from tqdm import tqdm
+
+from leaf_plugins.backbones.base import LoadedBackbone
+from leaf_plugins.core.plugins import PluginHost, get_host
+from leaf_plugins.tasks.base import Example
+from leaf_plugins.training.checkpoint import latest_checkpoint
+from leaf_plugins.training.config import BackboneConfig
+from leaf_plugins.training.rollout import Rollout, sample_responses
+
+__all__ = ["Policy", "load_policy", "sample_groups", "sample_predictions"]
+
+
+@dataclass
+class Policy:
+    """A backbone's model (with a run's LoRA adapter when one was given) ready to sample."""
+
+    backbone: object
+    loaded: LoadedBackbone
+    model: torch.nn.Module
+
+
+def load_policy(backbone: BackboneConfig, run_dir: str | Path | None = None, host: PluginHost | None = None) -> Policy:
+    """The backbone of ``backbone`` with the adapter of the newest checkpoint of
+    ``run_dir`` (a ``leaf train`` output directory) or, with no run, without adapter."""
+    host = host or get_host()
+    plugin = host.backbones.get(backbone.name)
+    loaded = plugin.load(path=backbone.path, dtype=backbone.dtype, seed=backbone.seed)
+    model = loaded.model
+    if run_dir is not None:
+        from peft import PeftModel
+
+        checkpoint = latest_checkpoint(Path(run_dir))
+        if checkpoint is None:
+            raise FileNotFoundError(f"{run_dir}: no checkpoint-* directory to evaluate")
+        model = PeftModel.from_pretrained(model, str(checkpoint / "adapter"))
+    model.eval()
+    return Policy(plugin, loaded, model)
+
+
+def sample_groups(
+    policy: Policy, examples: Sequence[Example], samples: int, temperature: float = 0.9, top_p: float = 0.9,
+    max_new_tokens: int = 200, batch_prompts: int = 8, seed: int = 0, description: str = "sampling",
+) -> Iterator[Rollout]:
+    """``samples`` responses per example, ``batch_prompts`` examples per ``generate``
+    call (each batch seeded from ``seed`` and its index, so any batch is reproducible)."""
+    starts = range(0, len(examples), batch_prompts)
+    for number, start in enumerate(tqdm(starts, desc=description, unit="batch")):
+        chosen = examples[start : start + batch_prompts]
+        inputs = policy.backbone.build_inputs(policy.loaded, [e.prompt for e in chosen], [e.audio for e in chosen])
+        device = next(policy.model.parameters()).device
+        torch.manual_seed(seed * 1_000_003 + number)
+        yield sample_responses(policy.model, policy.loaded, {k: v.to(device) for k, v in inputs.items()},
+                               group_size=samples, max_new_tokens=max_new_tokens, temperature=temperature,
+                               top_p=top_p, group_ids=list(range(start, start + len(chosen))))
+
+
+def sample_predictions(
+    policy: Policy, examples: Sequence[Example], runs: int = 1, temperature: float = 0.9, top_p: float = 0.9,
+    max_new_tokens: int = 200, batch_prompts: int = 8, seed: int = 0,
+) -> list[list[str]]:
+    """``runs`` lists of predictions, one per example each: the sampled decoding the
+    paper's metrics are averaged over."""
+    texts: list[str] = []
+    for rollout in sample_groups(policy, examples, runs, temperature, top_p, max_new_tokens, batch_prompts, seed,
+                                 description="evaluating"):
+        texts.extend(rollout.texts)  # prompt-major: the runs of one example are consecutive
+    return [texts[run::runs] for run in range(runs)]

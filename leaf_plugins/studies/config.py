@@ -1,0 +1,285 @@
+"""Study files: a base run config, the variations to run, seeds, and how to evaluate.
+
+```yaml
+output_dir: runs/studies/demo
+warm_start: configs/warm-start/tiny-qwen2-audio-translation.yaml   # optional
+base: {...}                                # a run config, as for `leaf train`
+grid: {estimator.name: [grpo, leaf]}       # the cross product of these values
+variations:                                # and/or a list of labelled settings
+  - {label: GA only, estimator.params.terms: ga}
+seeds: [0, 1, 2]
+evaluation: {split: validation, runs: 1}
+```
+
+Every mistake in the file is reported at once with ``file:line:col``; grid and variation
+values are checked by building the run config they make.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import re
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from ruamel.yaml.comments import CommentedMap
+
+from leaf_plugins.core.config import apply_overrides, build_collecting, format_errors, load_yaml, set_dotted
+from leaf_plugins.core.errors import ConfigError, LeafError, suggest
+from leaf_plugins.core.plugins import PluginHost, get_host
+from leaf_plugins.evaluation.text_metrics import METRICS
+from leaf_plugins.training.config import TrainConfig, train_validators
+from leaf_plugins.training.warm_start import WarmStartConfig, warm_start_validators
+
+__all__ = ["EvaluationSettings", "StudyConfig", "PlannedRun", "Study", "load_study", "slug"]
+
+LABEL = "label"  # the reserved key of a variation that names it
+
+
+@dataclass
+class EvaluationSettings:
+    """Held-out evaluation of every run: the paper's sampled decoding by default."""
+
+    split: str = "validation"
+    limit: int | None = None  # only the first N examples of the split
+    runs: int = 1  # sampled decoding runs averaged (the paper: N runs)
+    temperature: float = 0.9
+    top_p: float = 0.9
+    max_new_tokens: int = 200
+    batch_prompts: int = 8  # examples per generate call
+    seed: int = 0  # the same sampling seed for every run (common random numbers)
+    metrics: list[str] = field(default_factory=lambda: ["bleu", "length"])
+    fork_budget: int = 2  # B of the forkability analysis of the training rollouts
+    tau: float = 0.0  # reward-spread tolerance of a usable fire
+
+
+@dataclass
+class StudyConfig:
+    """A study file (``base`` and the variations are checked as run configs)."""
+
+    output_dir: str = "runs/studies/study"
+    warm_start: Any = None  # a warm-start YAML path or mapping; its model becomes backbone.path
+    baseline: bool = True  # also evaluate the starting model (no RL), for deltas
+    base: dict[str, Any] = field(default_factory=dict)
+    grid: dict[str, Any] = field(default_factory=dict)
+    variations: list[Any] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=lambda: [0])
+    evaluation: EvaluationSettings = field(default_factory=EvaluationSettings)
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One training run of a study."""
+
+    variation: str  # label shown in the table
+    seed: int
+    config: TrainConfig
+    settings: dict[str, Any]  # the varied keys and their values
+
+    @property
+    def directory(self) -> Path:
+        return Path(self.config.output_dir)
+
+
+@dataclass(frozen=True)
+class Study:
+    """A validated study: its settings, the warm start to run first, and every run."""
+
+    path: Path
+    config: StudyConfig
+    warm_start: WarmStartConfig | None
+    runs: list[PlannedRun]
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.config.output_dir)
+
+    @property
+    def variations(self) -> list[str]:
+        return list(dict.fromkeys(run.variation for run in self.runs))
+
+
+def slug(label: str) -> str:
+    """A directory name for a label: lowercase, runs of other characters become ``-``."""
+    return re.sub(r"[^a-z0-9_.=]+", "-", label.lower()).strip("-") or "base"
+
+
+def load_study(path: Path, overrides: Iterable[str] = (), host: PluginHost | None = None) -> Study:
+    """Read and check a study file; ``a.b=value`` overrides apply to the study
+    (``base.steps=10``, ``seeds=[0]``). Raises one ``ConfigError`` listing every mistake."""
+    host = host or get_host()
+    where = str(path)
+    data = load_yaml(path)
+    errors = apply_overrides(data, overrides)
+    study, found = build_collecting(StudyConfig, data, where, {"evaluation.metrics": _known_metrics})
+    errors += found
+    base = data.get("base") if isinstance(data.get("base"), CommentedMap) else CommentedMap()
+    warm, found = _warm_start(data, where, host)
+    errors += found
+    if warm is not None:  # its model is where the runs start
+        set_dotted(base, "backbone.path", str(Path(warm.output_dir) / "model"), f"{where}: warm_start")
+        set_dotted(base, "backbone.name", warm.backbone.name, f"{where}: warm_start")
+    validators = train_validators(host, prefix="base.")
+    _, found = build_collecting(TrainConfig, base, where, validators, prefix="base.")
+    errors += found
+    variations, found = _variations(data, where)
+    errors += found
+    runs = []
+    for label, settings, located in variations:
+        for seed in study.seeds:
+            tree = copy.deepcopy(base)
+            for key, (value, location) in located.items():
+                set_dotted(tree, key, value, location)
+            set_dotted(tree, "seed", seed, f"{where}: seeds")
+            set_dotted(tree, "log_rollouts", True, f"{where}: (studies log rollouts)")
+            run_dir = Path(study.output_dir) / "runs" / slug(label) / f"seed-{seed}"
+            set_dotted(tree, "output_dir", str(run_dir), f"{where}: output_dir")
+            config, found = build_collecting(TrainConfig, tree, where, validators, prefix="base.")
+            errors += found
+            runs.append(PlannedRun(label, seed, config, settings))
+    if not errors:
+        errors += _estimator_problems(runs, where, host)
+    if errors:
+        raise ConfigError(format_errors(where, errors))
+    return Study(Path(path), study, warm, runs)
+
+
+def _estimator_problems(runs: list[PlannedRun], where: str, host: PluginHost) -> list[str]:
+    """Estimator parameters and stages checked by building each distinct engine."""
+    from leaf_plugins.core.engine import Engine
+
+    problems, seen = [], set()
+    for run in runs:
+        estimator = run.config.estimator
+        key = (estimator.name, repr(sorted(estimator.params.items())), repr(sorted(estimator.stages.items())))
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            Engine(estimator.name, estimator.params, estimator.stages, host=host)
+        except LeafError as error:
+            problems.append(f"{where}: variation {run.variation!r}: {error}")
+    return problems
+
+
+def _known_metrics(names: Any) -> str | None:
+    unknown = [name for name in names if name not in METRICS]
+    if unknown:
+        return f"unknown metric {unknown[0]!r}.{suggest(str(unknown[0]), METRICS)} Metrics: {', '.join(METRICS)}"
+    return None
+
+
+def _warm_start(data: CommentedMap, where: str, host: PluginHost) -> tuple[WarmStartConfig | None, list[str]]:
+    """The warm start the study names (a YAML path, or a mapping in the study file)."""
+    raw = data.get("warm_start")
+    if raw is None:
+        return None, []
+    location = _where(data, "warm_start", where)
+    if isinstance(raw, str):
+        try:
+            node, file = load_yaml(Path(raw)), raw
+        except ConfigError as error:
+            return None, [f"{location}: warm_start: {error}"]
+    elif isinstance(raw, CommentedMap):
+        node, file = raw, where
+    else:
+        return None, [f"{location}: warm_start: expected a path or a mapping, got {raw!r}"]
+    return build_collecting(WarmStartConfig, node, file, warm_start_validators(host),
+                            prefix="" if isinstance(raw, str) else "warm_start.")
+
+
+def _variations(data: CommentedMap, where: str) -> tuple[list[tuple[str, dict, dict]], list[str]]:
+    """``(label, {key: value}, {key: (value, location)})`` of every variation: the list
+    entries times the grid's cross product (one empty variation when there are none)."""
+    errors: list[str] = []
+    listed: list[tuple[str | None, dict]] = []
+    entries = data.get("variations") or []
+    for index, entry in enumerate(entries if isinstance(entries, list) else []):
+        if not isinstance(entry, CommentedMap) or not entry:
+            errors.append(f"{_item_where(entries, index, where)}: variations[{index}]: expected a mapping of "
+                          f"key.path: value, got {entry!r}")
+            continue
+        settings = {}
+        for key in entry:
+            if key == LABEL:
+                continue
+            problem = _key_problem(str(key))
+            location = _where(entry, key, where)
+            if problem:
+                errors.append(f"{location}: variations[{index}]: {problem}")
+            else:
+                settings[str(key)] = (entry[key], location)
+        label = entry.get(LABEL)
+        listed.append((str(label) if label is not None else None, settings))
+    grid = data.get("grid") or CommentedMap()
+    axes: list[list[tuple[str, Any, str]]] = []
+    for key in grid if isinstance(grid, CommentedMap) else []:
+        location = _where(grid, key, where)
+        problem = _key_problem(str(key))
+        values = grid[key]
+        if problem:
+            errors.append(f"{location}: grid: {problem}")
+        elif not isinstance(values, list) or not values:
+            errors.append(f"{location}: grid: {key}: expected a non-empty list of values, got {values!r}")
+        else:
+            axes.append([(str(key), value, _item_where(values, i, where)) for i, value in enumerate(values)])
+    out = []
+    for (label, settings), combination in itertools.product(listed or [(None, {})], itertools.product(*axes)):
+        located = dict(settings)
+        located.update({key: (value, location) for key, value, location in combination})
+        plain = {key: value for key, (value, _) in located.items()}
+        shown = ", ".join(f"{_short(key)}={value}" for key, value, _ in combination)
+        name = ", ".join(part for part in (label, shown) if part) or (
+            ", ".join(f"{_short(key)}={value}" for key, value in plain.items()) or "base")
+        out.append((name, plain, located))
+    labels = [name for name, _, _ in out]
+    for name in dict.fromkeys(labels):
+        if labels.count(name) > 1 or (slug(name) != name and [slug(n) for n in labels].count(slug(name)) > 1):
+            errors.append(f"{where}: two variations are both named {name!r}: give them different labels")
+    return out, errors
+
+
+def _short(key: str) -> str:
+    """The name of a varied key in a label: its last part (``estimator`` for
+    ``estimator.name``)."""
+    parts = key.split(".")
+    return parts[-2] if parts[-1] == "name" and len(parts) > 1 else parts[-1]
+
+
+def _key_problem(key: str) -> str | None:
+    """Why ``key`` (dotted) is not a run-config key, with a did-you-mean."""
+    cls: Any = TrainConfig
+    parts = key.split(".")
+    for depth, part in enumerate(parts):
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        if part not in fields:
+            path = ".".join(parts[:depth])
+            return (f"unknown key {key!r}.{suggest(part, fields)} Valid keys"
+                    f"{' of ' + repr(path) if path else ''}: {', '.join(fields)}")
+        hint = typing.get_type_hints(cls)[part]
+        if not dataclasses.is_dataclass(hint):
+            if depth < len(parts) - 1 and typing.get_origin(hint) is not dict:
+                return f"{'.'.join(parts[: depth + 1])!r} is a value, not a section"
+            return None  # free-form sections (estimator.params, task.options) take any key
+        cls = hint
+    return f"{key!r} is a section; vary one of its keys"
+
+
+def _where(node: Any, key: Any, where: str) -> str:
+    try:
+        line, column = node.lc.key(key)
+        return f"{where}:{line + 1}:{column + 1}"
+    except (AttributeError, KeyError, TypeError):
+        return where
+
+
+def _item_where(sequence: Any, index: int, where: str) -> str:
+    try:
+        line, column = sequence.lc.item(index)
+        return f"{where}:{line + 1}:{column + 1}"
+    except (AttributeError, KeyError, TypeError, IndexError):
+        return where

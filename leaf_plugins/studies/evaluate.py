@@ -1,0 +1,70 @@
+"""Held-out evaluation of one run of a study: sampled decoding, text metrics, corpus
+BLEU with an item bootstrap interval (and the paired difference from the starting model),
+and forkability of the run's training rollouts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+from leaf_plugins.analysis.forkability import forkability_from_batches
+from leaf_plugins.analysis.rollout_log import batches_from_groups, read_groups
+from leaf_plugins.evaluation.bleu_interval import bleu_interval, paired_bleu_interval
+from leaf_plugins.evaluation.predictions import prediction_file, read_predictions, write_predictions
+from leaf_plugins.evaluation.sampling import load_policy, sample_predictions
+from leaf_plugins.evaluation.text_metrics import Unavailable, average_runs, evaluate_texts
+from leaf_plugins.studies.config import EvaluationSettings
+from leaf_plugins.tasks.base import Example
+from leaf_plugins.training.config import BackboneConfig
+from leaf_plugins.training.trainer import ROLLOUT_LOG
+
+__all__ = ["evaluate_model", "training_summary", "PREDICTIONS", "EVALUATION"]
+
+PREDICTIONS = prediction_file(0)  # the first decoding run's predictions
+EVALUATION = "evaluation.json"  # written last: its presence marks the run finished
+
+
+def evaluate_model(
+    backbone: BackboneConfig, run_dir: Path | None, examples: Sequence[Example], settings: EvaluationSettings,
+    out_dir: Path, baseline: Path | None = None,
+) -> dict[str, float | str]:
+    """Sample ``settings.runs`` predictions per example from the run's newest checkpoint
+    (or the starting model when ``run_dir`` is None), write them to ``out_dir`` and return
+    the metrics (each averaged over the runs; BLEU intervals from the first run).
+
+    :param baseline: a prediction file of the starting model on the same examples; the
+        paired BLEU difference from it is then reported as ``delta_bleu``.
+    """
+    policy = load_policy(backbone, run_dir)
+    references = [example.reference for example in examples]
+    runs = sample_predictions(policy, examples, settings.runs, settings.temperature, settings.top_p,
+                              settings.max_new_tokens, settings.batch_prompts, settings.seed)
+    write_predictions(out_dir, examples, runs)
+    averaged = average_runs([evaluate_texts(predictions, references, settings.metrics) for predictions in runs])
+    metrics: dict[str, float | str] = {
+        name: (str(value) if isinstance(value, Unavailable) else value.mean) for name, value in averaged.items()
+    }
+    first = bleu_interval(runs[0], references, seed=settings.seed)
+    metrics.update({"bleu_run0": first.score, "bleu_low": first.low, "bleu_high": first.high, "items": len(examples)})
+    if baseline is not None:
+        start = read_predictions(baseline).predictions
+        delta = paired_bleu_interval(runs[0], start, references, seed=settings.seed)
+        metrics.update({"delta_bleu": delta.score, "delta_bleu_low": delta.low, "delta_bleu_high": delta.high})
+    return metrics
+
+
+def training_summary(run_dir: Path, settings: EvaluationSettings, tail: float = 0.1) -> dict[str, float]:
+    """From the run's logs: mean training reward over the last ``tail`` of its steps, and
+    the fork-fire and usable fork-fire rates of LEAF boundaries in its rollouts."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    last = rows[-max(1, round(len(rows) * tail)):]
+    out = {"train_reward_last": sum(row["reward_mean"] for row in last) / len(last)}
+    log = run_dir / ROLLOUT_LOG
+    if log.exists():
+        batches = (batch for batch, _ in batches_from_groups(read_groups(log), 256))
+        report = forkability_from_batches(batches, fork_budget=settings.fork_budget, tau=settings.tau,
+                                          label=run_dir.name)
+        summary = report.summary(resamples=200)
+        out.update({"fire_rate": summary["fire_rate"], "usable_fire_rate": summary["r_f"]})
+    return out

@@ -1,0 +1,168 @@
+"""Running a study: the warm start (once, cached), the starting model's evaluation, then
+every run — trained (resuming where it stopped), evaluated, and marked finished by its
+``evaluation.json``; a re-run skips finished runs. The results table is rewritten after
+every run, so an interrupted study still has the table of what is finished."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Sequence
+
+from accelerate import PartialState
+from ruamel.yaml import YAML
+from tqdm import tqdm
+
+from leaf_plugins.core.errors import ConfigError
+from leaf_plugins.core.plugins import PluginHost, get_host
+from leaf_plugins.studies.config import PlannedRun, Study, slug
+from leaf_plugins.studies.evaluate import EVALUATION, PREDICTIONS, evaluate_model, training_summary
+from leaf_plugins.studies.results import write_results
+from leaf_plugins.tasks.base import Example
+from leaf_plugins.training.checkpoint import latest_checkpoint
+from leaf_plugins.training.config import TrainConfig
+
+__all__ = ["run_study", "baseline_dir", "BASELINE", "RESOLVED"]
+
+BASELINE = "baseline"  # directory of the starting model's evaluation
+RESOLVED = "study.resolved.yaml"
+RUN_RECORD = "study_run.json"  # the run config and evaluation settings a run directory holds
+TIMES = "train_seconds.txt"  # wall time of each training session of a run (several when resumed)
+
+
+def run_study(study: Study, plugins: Sequence[object] = (), host: PluginHost | None = None) -> Path:
+    """Run every unfinished run of ``study``; return the results table's path.
+    ``plugins`` are passed to every run's trainer (observers, stage overrides)."""
+    host = host or get_host()
+    state = PartialState()  # under `accelerate launch`, runs train on every process; the rest is the main one's
+    output = study.output_dir
+    if state.is_main_process:
+        output.mkdir(parents=True, exist_ok=True)
+        _write_resolved(study, output / RESOLVED)
+        if study.warm_start is not None:
+            _warm_start(study, host)
+    state.wait_for_everyone()
+    cache: dict[tuple, list[Example]] = {}
+    for run in study.runs:
+        _claim(run, study, write=state.is_main_process)
+    state.wait_for_everyone()
+    pending = [run for run in study.runs if not (run.directory / EVALUATION).exists()]
+    if len(pending) < len(study.runs):
+        print(f"{len(study.runs) - len(pending)} of {len(study.runs)} runs already finished: skipped")
+    for run in tqdm(pending, desc="study", unit="run", disable=not state.is_main_process):
+        _train(run, host, plugins, cache)
+        if state.is_main_process:
+            _evaluate(study, run, host, cache)
+            write_results(study)
+        state.wait_for_everyone()
+    return write_results(study) if state.is_main_process else output / "results.md"
+
+
+def _claim(run: PlannedRun, study: Study, write: bool) -> None:
+    """Record what the run directory holds (its run config and the evaluation settings);
+    a directory holding another configuration is an error, never silently reused."""
+    wanted = json.loads(json.dumps({"config": asdict(run.config), "evaluation": asdict(study.config.evaluation)},
+                                   default=str))
+    path = run.directory / RUN_RECORD
+    if path.exists():
+        held = json.loads(path.read_text())
+        if held != wanted:
+            changed = sorted(_differences(held, wanted))
+            raise ConfigError(f"{run.directory} holds a run with other settings ({', '.join(changed)}): delete it "
+                              f"or give the study another output_dir")
+    elif run.directory.exists() and any(run.directory.iterdir()):
+        raise ConfigError(f"{run.directory} holds files of a run with unknown settings (no {RUN_RECORD}): delete it "
+                          f"or give the study another output_dir")
+    elif write:
+        run.directory.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(wanted, indent=1))
+
+
+def _differences(held: dict, wanted: dict, prefix: str = "") -> list[str]:
+    keys = set(held) | set(wanted)
+    out = []
+    for key in keys:
+        a, b = held.get(key), wanted.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return out
+
+
+def baseline_dir(study: Study, config: TrainConfig) -> Path:
+    """Where the starting model of runs with this backbone and task is evaluated."""
+    return study.output_dir / BASELINE / slug(f"{config.backbone.name}-{config.task.name}")
+
+
+def _evaluate_start(study: Study, config: TrainConfig, held_out: list[Example]) -> Path:
+    """The starting model's predictions (evaluated once per backbone and task)."""
+    directory = baseline_dir(study, config)
+    if not (directory / EVALUATION).exists():
+        tqdm.write(f"evaluating the starting model (no RL) -> {directory}")
+        metrics = evaluate_model(config.backbone, None, held_out, study.config.evaluation, directory)
+        (directory / EVALUATION).write_text(json.dumps(metrics, indent=1))
+    return directory / PREDICTIONS
+
+
+def _train(run: PlannedRun, host: PluginHost, plugins: Sequence[object], cache: dict) -> None:
+    """Train the run to its last step (resuming; nothing to do when it got there)."""
+    from leaf_plugins.training.trainer import Trainer
+
+    config = run.config
+    finished = latest_checkpoint(run.directory)
+    if finished is not None and finished.name == f"checkpoint-{config.steps:08d}":
+        return
+    tqdm.write(f"training {run.variation}, seed {run.seed} -> {run.directory}")
+    started = time.perf_counter()
+    Trainer(config, _examples(host, config, config.task.split, cache), plugins=plugins, host=host).run()
+    with (run.directory / TIMES).open("a") as handle:
+        handle.write(f"{time.perf_counter() - started}\n")
+
+
+def _evaluate(study: Study, run: PlannedRun, host: PluginHost, cache: dict) -> None:
+    """Evaluate the trained run on the held-out split; ``evaluation.json`` marks it done."""
+    config, settings = run.config, study.config.evaluation
+    held_out = _examples(host, config, settings.split, cache)[: settings.limit]
+    baseline = _evaluate_start(study, config, held_out) if study.config.baseline else None
+    started = time.perf_counter()
+    metrics = evaluate_model(config.backbone, run.directory, held_out, settings, run.directory, baseline)
+    metrics.update(training_summary(run.directory, settings))
+    times = run.directory / TIMES
+    metrics.update({"variation": run.variation, "seed": run.seed,
+                    "train_seconds": sum(map(float, times.read_text().split())) if times.exists() else 0.0,
+                    "evaluation_seconds": time.perf_counter() - started})
+    (run.directory / EVALUATION).write_text(json.dumps(metrics, indent=1))
+
+
+def _examples(host: PluginHost, config: TrainConfig, split: str, cache: dict) -> list[Example]:
+    key = (config.task.name, split, json.dumps(config.task.options, sort_keys=True, default=str))
+    if key not in cache:
+        cache[key] = list(host.tasks.get(config.task.name).load(split, **config.task.options))
+    return cache[key]
+
+
+def _warm_start(study: Study, host: PluginHost) -> None:
+    from leaf_plugins.training.warm_start import warm_start
+
+    config = study.warm_start
+    if (Path(config.output_dir) / "model" / "config.json").exists():
+        return
+    print(f"warm start -> {config.output_dir}")
+    examples = list(host.tasks.get(config.task.name).load(config.task.split, **config.task.options))
+    warm_start(config, examples, host)
+
+
+def _write_resolved(study: Study, path: Path) -> None:
+    """The study as it runs: evaluation settings, warm start and every run's full config."""
+    resolved = {
+        "study": str(study.path),
+        "evaluation": asdict(study.config.evaluation),
+        "warm_start": asdict(study.warm_start) if study.warm_start else None,
+        "runs": [{"variation": run.variation, "seed": run.seed, "settings": run.settings,
+                  "config": asdict(run.config)} for run in study.runs],
+    }
+    with path.open("w") as handle:
+        YAML(typ="safe", pure=True).dump(json.loads(json.dumps(resolved, default=str)), handle)

@@ -1,0 +1,167 @@
+"""Studies: file checking with locations, expansion into runs, results over seeds, and a
+study interrupted in the middle resuming to the same table."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from leaf_plugins import hookimpl
+from leaf_plugins.cli import main
+from leaf_plugins.core.errors import ConfigError
+from leaf_plugins.studies.config import load_study
+from leaf_plugins.studies.results import seed_interval
+from leaf_plugins.studies.runner import run_study
+
+STUDIES = Path(__file__).resolve().parents[1] / "configs" / "studies"
+
+BAD = """\
+output_dir: out
+seedz: [0]
+base:
+  stepz: 3
+  estimator: {name: leaf}
+grid:
+  estimator.nme: [leaf]
+  estimator.params.fork_budget: 2
+  reward: [sentence_bleu, sentense_bleu]
+variations:
+  - {label: A, optim.learning_rat: 0.1}
+evaluation:
+  metrics: [bleu, bleurt]
+"""
+
+
+def test_every_mistake_is_reported_at_once_with_file_line_and_column(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(BAD)
+    with pytest.raises(ConfigError) as caught:
+        load_study(path)
+    message = str(caught.value)
+    expected = [
+        f"{path}:2:1: unknown key 'seedz'. Did you mean 'seeds'?",
+        f"{path}:4:3: unknown key 'base.stepz'. Did you mean 'steps'?",
+        f"{path}:7:3: grid: unknown key 'estimator.nme'. Did you mean 'name'?",
+        f"{path}:8:3: grid: estimator.params.fork_budget: expected a non-empty list of values, got 2",
+        f"{path}:9:27: base.reward: Unknown reward 'sentense_bleu'",
+        f"{path}:11:16: variations[0]: unknown key 'optim.learning_rat'. Did you mean 'learning_rate'?",
+        f"{path}:13:3: evaluation.metrics: unknown metric 'bleurt'",
+    ]
+    for line in expected:
+        assert line in message, (line, message)
+    assert message.count("sentense_bleu") == 1  # reported once, not once per run
+
+
+def test_cli_check_exits_2_and_names_the_file(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text(BAD)
+    assert main(["study", str(path), "--check"]) == 2
+    assert f"{path}:2:1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path", sorted(STUDIES.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_study_validates(path, capsys):
+    assert main(["study", str(path), "--check"]) == 0
+    assert "OK" in capsys.readouterr().out
+
+
+def test_variations_times_grid_times_seeds(tmp_path):
+    path = tmp_path / "study.yaml"
+    path.write_text("""\
+output_dir: out
+base: {steps: 3, estimator: {name: leaf}}
+variations:
+  - {label: GA only, estimator.params.terms: global}
+  - {label: both, estimator.params.terms: both}
+grid:
+  estimator.params.fork_budget: [1, 4]
+seeds: [0, 5]
+""")
+    study = load_study(path, ["base.steps=7"])
+    assert len(study.runs) == 2 * 2 * 2
+    assert study.variations == ["GA only, fork_budget=1", "GA only, fork_budget=4", "both, fork_budget=1",
+                                "both, fork_budget=4"]
+    run = study.runs[3]  # GA only, fork_budget=4, seed 5
+    assert (run.variation, run.seed) == ("GA only, fork_budget=4", 5)
+    assert run.config.estimator.params == {"terms": "global", "fork_budget": 4}
+    assert (run.config.seed, run.config.steps, run.config.log_rollouts) == (5, 7, True)
+    assert run.directory == Path("out/runs/ga-only-fork_budget=4/seed-5")
+    assert len({r.directory for r in study.runs}) == 8
+
+
+def test_a_warm_start_becomes_the_runs_starting_model(tmp_path):
+    path = tmp_path / "study.yaml"
+    path.write_text("""\
+warm_start: {output_dir: ws, backbone: {name: tiny-granite-speech}}
+base: {steps: 3}
+""")
+    study = load_study(path)
+    assert study.warm_start.output_dir == "ws"
+    assert (study.runs[0].config.backbone.name, study.runs[0].config.backbone.path) == ("tiny-granite-speech",
+                                                                                      str(Path("ws/model")))
+
+
+def test_seed_interval():
+    mean, low, high = seed_interval([1.0, 2.0, 3.0])
+    assert mean == 2.0 and 1.0 <= low < 2.0 < high <= 3.0
+    assert seed_interval([4.0, 4.0]) == (4.0, 4.0, 4.0)
+    mean, low, high = seed_interval([4.0])
+    assert mean == 4.0 and math.isnan(low) and math.isnan(high)
+
+
+class InterruptAtCall:
+    """Ctrl-C at the n-th step end of the whole study."""
+
+    def __init__(self, call: int) -> None:
+        self.call, self.calls = call, 0
+
+    @hookimpl
+    def on_step_end(self, step, metrics):
+        self.calls += 1
+        if self.calls == self.call:
+            raise KeyboardInterrupt
+
+
+def tiny_study(tmp_path: Path, name: str) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(f"""\
+output_dir: {tmp_path / name}
+base:
+  steps: 3
+  checkpoint_every: 1
+  backbone: {{name: tiny-qwen2-audio}}
+  task: {{name: spoken-translation, options: {{size: 8, validation_size: 2, test_size: 2, cache_dir: {tmp_path / 'cache'}}}}}
+  rollout: {{group_size: 4, prompts_per_step: 2, max_new_tokens: 8}}
+  optim: {{learning_rate: 0.01}}
+  lora: {{rank: 4, alpha: 8, dropout: 0.0}}
+grid:
+  estimator.name: [grpo, leaf]
+seeds: [0, 1]
+evaluation: {{split: validation, max_new_tokens: 8, metrics: [bleu, length]}}
+""")
+    return path
+
+
+def test_a_study_interrupted_in_the_middle_resumes_to_the_same_table(tmp_path):
+    straight = load_study(tiny_study(tmp_path, "straight"))
+    table = run_study(straight).read_text()
+    interrupted = load_study(tiny_study(tmp_path, "interrupted"))
+    with pytest.raises(KeyboardInterrupt):
+        run_study(interrupted, plugins=[InterruptAtCall(3 + 3 + 2)])  # in the third run, after its step 2
+    finished = sorted(p.parent.name + "/" + p.parent.parent.name for p in (tmp_path / "interrupted").rglob("evaluation.json"))
+    assert len(finished) == 1 + 2  # the starting model and two runs
+    resumed = run_study(interrupted).read_text()
+    assert resumed.replace("interrupted", "straight") == table
+    assert table.count("| estimator=") == 2 and "[" in table  # two rows with CIs over the two seeds
+    runs = [json.loads(p.read_text()) for p in (tmp_path / "straight" / "runs").rglob("evaluation.json")]
+    assert len(runs) == 4 and all(0.0 <= run["usable_fire_rate"] <= run["fire_rate"] <= 1.0 for run in runs)
+    assert all(run["bleu_low"] <= run["bleu_run0"] <= run["bleu_high"] for run in runs)
+    assert all(run["delta_bleu_low"] <= run["delta_bleu"] <= run["delta_bleu_high"] for run in runs)
+    assert (tmp_path / "straight" / "learning_curves.png").stat().st_size > 0
+    assert (tmp_path / "straight" / "study.resolved.yaml").exists()
+    changed = load_study(tiny_study(tmp_path, "straight"), ["base.steps=4"])
+    with pytest.raises(ConfigError, match=r"holds a run with other settings \(config.steps: 3 -> 4\)"):
+        run_study(changed)  # never reuses runs made with other settings
