@@ -123,3 +123,11 @@ def test_collision_is_shallower_than_leaf_on_boilerplate_openings():
     collision_depth = [p for group in lp.estimate(batch, "collision").boundaries for p in group]
     assert sum(collision_depth) / len(collision_depth) < sum(leaf_depth) / len(leaf_depth)
     assert set(leaf_depth) == {6, 11}  # the decision points
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(-2, 2), st.integers(-(2**62), 2**62)), min_size=1, max_size=40))
+def test_lexicographic_row_order_is_pythons_stable_tuple_sort(rows):
+    from leaf_plugins.estimators.prefixes import _lexicographic_order
+
+    expected = sorted(range(len(rows)), key=lambda index: rows[index])  # Python's sort is stable
+    assert _lexicographic_order(torch.tensor(rows, dtype=torch.int64)).tolist() == expected

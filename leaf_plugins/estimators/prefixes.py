@@ -58,7 +58,7 @@ class SortedPrefixes:
         # rows with equal (group, key_1 … key_B) become neighbours; any order of the
         # distinct key rows will do, so the float64 hashes are sorted by their bit patterns
         keyed = torch.cat([batch.groups.index.unsqueeze(1), keys.view(torch.int64)], dim=1)  # [N, B+1]
-        order = torch.argsort(torch.unique(keyed, dim=0, return_inverse=True)[1], stable=True)
+        order = _lexicographic_order(keyed)  # [N]
         prefixes = cls._from_order(batch, order, tokens)
         group, lcp = prefixes.group, prefixes.lcp
         same = (group[1:] == group[:-1]).unsqueeze(1)  # [N-1, 1]
@@ -264,3 +264,13 @@ def _members(index: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
                          device=index.device)
     members[index[order], slot] = order
     return members
+
+
+def _lexicographic_order(keys: torch.Tensor) -> torch.Tensor:
+    """``[N]`` stable order of the rows of ``[N, C]`` integer keys, lexicographically
+    ascending: one stable sort per column, last column first (C is 1 + the fork budget;
+    ``torch.unique(dim=0)`` would compare rows one pair at a time)."""
+    order = torch.arange(keys.shape[0], device=keys.device)
+    for column in range(keys.shape[1] - 1, -1, -1):
+        order = order[torch.argsort(keys[order, column], stable=True)]
+    return order
