@@ -12,7 +12,7 @@ import torch
 from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.evaluation.sampling import load_policy, sample_groups
-from leaf_plugins.training.config import TrainConfig
+from leaf_plugins.training.config import TrainConfig, task_examples
 
 __all__ = ["sampled_batches"]
 
@@ -24,7 +24,7 @@ def sampled_batches(
     """Scored rollout batches (``rollout.prompts_per_step`` prompts x ``rollout.group_size``
     responses each) over the first ``limit`` examples of ``split``."""
     host = host or get_host()
-    examples = list(host.tasks.get(config.task.name).load(split, **config.task.options))[:limit]
+    examples = task_examples(config.task, split, host)[:limit]
     reward = host.rewards.get(config.reward)
     policy = load_policy(config.backbone, run_dir, host)
     settings = config.rollout

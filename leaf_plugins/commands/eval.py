@@ -85,17 +85,13 @@ def _write(out: Path, stem: str, header: tuple[str, ...], rows: list[tuple]) -> 
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from leaf_plugins.core.plugins import get_host
     from leaf_plugins.evaluation.predictions import write_predictions
-    from leaf_plugins.evaluation.sampling import load_policy, sample_predictions
-    from leaf_plugins.training.checkpoint import latest_checkpoint
-    from leaf_plugins.training.config import load_train_config
+    from leaf_plugins.evaluation.sampling import load_policy, run_to_sample, sample_predictions
+    from leaf_plugins.training.config import load_train_config, task_examples
 
     config = load_train_config(args.config, args.overrides)
-    run_dir = args.checkpoint
-    if run_dir is None and latest_checkpoint(Path(config.output_dir)) is not None:
-        run_dir = Path(config.output_dir)
-    examples = list(get_host().tasks.get(config.task.name).load(args.split, **config.task.options))[: args.limit]
+    run_dir = run_to_sample(config.output_dir, args.checkpoint)
+    examples = task_examples(config.task, args.split)[: args.limit]
     policy = load_policy(config.backbone, run_dir)
     runs = sample_predictions(policy, examples, args.runs, args.temperature, args.top_p, args.max_new_tokens,
                               args.batch_prompts, args.seed)

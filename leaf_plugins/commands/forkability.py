@@ -83,12 +83,10 @@ def _labels(paths: list[Path]) -> list[str]:
 def _sampled(args: argparse.Namespace):
     """(label, batches) of a fresh sampling pass of a run's policy over a task split."""
     from leaf_plugins.analysis.fresh_sampling import sampled_batches
-    from leaf_plugins.training.checkpoint import latest_checkpoint
+    from leaf_plugins.evaluation.sampling import run_to_sample
     from leaf_plugins.training.config import load_train_config
 
     config = load_train_config(args.sample, args.overrides)
-    run_dir = args.checkpoint
-    if run_dir is None and latest_checkpoint(Path(config.output_dir)) is not None:
-        run_dir = Path(config.output_dir)
+    run_dir = run_to_sample(config.output_dir, args.checkpoint)
     label = f"{(run_dir.name if run_dir else config.backbone.name)}-{args.split}"
     yield label, sampled_batches(config, run_dir, args.split, args.limit)

@@ -16,8 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from leaf_plugins.core.plugins import get_host
-    from leaf_plugins.training.config import load_train_config
+    from leaf_plugins.training.config import load_train_config, task_examples
 
     config = load_train_config(args.config, args.overrides)
     if args.check:
@@ -25,9 +24,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from leaf_plugins.training.trainer import Trainer
 
-    task = get_host().tasks.get(config.task.name)
-    examples = list(task.load(config.task.split, **config.task.options))
-    metrics = Trainer(config, examples).run()
+    metrics = Trainer(config, task_examples(config.task)).run()
     if metrics:
         last = metrics[-1]
         print(f"done: reward {last['reward_mean']:.4f}, kl {last['kl']:.4f}; outputs in {config.output_dir}")

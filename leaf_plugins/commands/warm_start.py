@@ -15,10 +15,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from leaf_plugins.core.plugins import get_host
+    from leaf_plugins.training.config import task_examples
     from leaf_plugins.training.warm_start import load_warm_start_config, warm_start
 
     config = load_warm_start_config(args.config, args.overrides)
-    examples = list(get_host().tasks.get(config.task.name).load(config.task.split, **config.task.options))
-    print(f"warm-started model: {warm_start(config, examples)}")
+    print(f"warm-started model: {warm_start(config, task_examples(config.task))}")
     return 0

@@ -19,7 +19,8 @@ from ruamel.yaml.error import MarkedYAMLError
 
 from leaf_plugins.core.errors import ConfigError, suggest
 
-__all__ = ["load_yaml", "apply_overrides", "build", "build_collecting", "set_dotted", "format_errors"]
+__all__ = ["load_yaml", "load_config", "apply_overrides", "build", "build_collecting", "set_dotted", "format_errors",
+           "key_location"]
 
 
 def load_yaml(path: Path) -> CommentedMap:
@@ -38,6 +39,19 @@ def load_yaml(path: Path) -> CommentedMap:
     return data
 
 
+def load_config(
+    cls: type, path: Path, overrides: Iterable[str] = (),
+    validators: dict[str, Callable[[Any], str | None]] | None = None,
+) -> Any:
+    """An instance of dataclass ``cls`` from the YAML file ``path`` and ``a.b=value``
+    overrides; every error raised together."""
+    data = load_yaml(path)
+    errors = apply_overrides(data, overrides)
+    if errors:
+        raise ConfigError(f"{path}: " + "; ".join(errors))
+    return build(cls, data, str(path), validators)
+
+
 def apply_overrides(data: CommentedMap, overrides: Iterable[str]) -> list[str]:
     """Set ``a.b=value`` overrides (values parsed as YAML scalars); return the errors."""
     errors = []
@@ -53,9 +67,9 @@ def apply_overrides(data: CommentedMap, overrides: Iterable[str]) -> list[str]:
     return errors
 
 
-def set_dotted(data: CommentedMap, key: str, value: Any, location: str) -> str | None:
+def set_dotted(data: CommentedMap, key: str, value: Any, source: str) -> str | None:
     """Set ``data[a][b] = value`` for ``key`` ``"a.b"``, creating sections; errors in the
-    built configuration at this key are then reported at ``location``. Returns the
+    built configuration at this key are then reported at ``source``. Returns the
     problem, if a part of the path is not a section."""
     node = data
     parts = key.split(".")
@@ -68,7 +82,7 @@ def set_dotted(data: CommentedMap, key: str, value: Any, location: str) -> str |
             return f"{part!r} is not a section"
         node = child
     node[parts[-1]] = value
-    _mark_location(node, parts[-1], location)
+    _mark_location(node, parts[-1], source)
     return None
 
 
@@ -117,10 +131,10 @@ def _build(cls: type, data: Any, where: str, prefix: str, errors: list[str], val
     fields = {f.name: f for f in dataclasses.fields(cls)}
     values = {}
     for key in data:
-        location = _location(data, key, where)
+        here = key_location(data, key, where)
         path = f"{prefix}{key}"
         if key not in fields:
-            errors.append(f"{location}: unknown key {path!r}.{suggest(str(key), fields)} Valid keys: {', '.join(fields)}")
+            errors.append(f"{here}: unknown key {path!r}.{suggest(str(key), fields)} Valid keys: {', '.join(fields)}")
             continue
         expected = hints[key]
         raw = data[key]
@@ -129,13 +143,13 @@ def _build(cls: type, data: Any, where: str, prefix: str, errors: list[str], val
             continue
         problem = _type_problem(raw, expected)
         if problem:
-            errors.append(f"{location}: {path}: {problem}")
+            errors.append(f"{here}: {path}: {problem}")
             continue
         value = dict(raw) if isinstance(raw, dict) else raw
         check = validators.get(path)
         message = check(value) if check else None
         if message:
-            errors.append(f"{location}: {path}: {message}")
+            errors.append(f"{here}: {path}: {message}")
             continue
         values[key] = value
     return cls(**values)
@@ -175,7 +189,7 @@ def _name(annotation: Any) -> str:
 _LOCATIONS = "_leaf_locations"
 
 
-def _mark_location(node: Any, key: str, location: str) -> None:
+def _mark_location(node: Any, key: str, source: str) -> None:
     marks = getattr(node, _LOCATIONS, None)
     if marks is None:
         marks = {}
@@ -183,10 +197,12 @@ def _mark_location(node: Any, key: str, location: str) -> None:
             setattr(node, _LOCATIONS, marks)
         except AttributeError:
             return
-    marks[key] = location
+    marks[key] = source
 
 
-def _location(node: Any, key: Any, where: str) -> str:
+def key_location(node: Any, key: Any, where: str) -> str:
+    """Where ``key`` of the mapping ``node`` was given: ``file:line:col`` in the file
+    ``where``, or the override (or other marked source) that set it."""
     marks = getattr(node, _LOCATIONS, {})
     if key in marks:
         return marks[key]

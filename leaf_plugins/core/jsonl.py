@@ -12,8 +12,9 @@ __all__ = ["read_jsonl"]
 
 
 def read_jsonl(path: str | Path, what: str) -> Iterator[tuple[int, Any]]:
-    """``(line number, record)`` for every non-blank line of ``path``; a missing file or a line that is not JSON is a ``ConfigError`` naming
-    ``what`` the file is (``"rollout log"``) or the line."""
+    """``(line number, record)`` for every non-blank line of ``path``; a missing file or
+    a line that is not JSON is a ``ConfigError`` naming ``what`` the file is (``"rollout
+    log"``) or the line."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"{what} {path} does not exist")

@@ -20,7 +20,7 @@ from leaf_plugins.training.checkpoint import latest_checkpoint
 from leaf_plugins.training.config import BackboneConfig
 from leaf_plugins.training.rollout import Rollout, sample_responses
 
-__all__ = ["Policy", "load_policy", "sample_groups", "sample_predictions"]
+__all__ = ["Policy", "load_policy", "run_to_sample", "sample_groups", "sample_predictions"]
 
 
 @dataclass
@@ -50,6 +50,14 @@ def load_policy(backbone: BackboneConfig, run_dir: str | Path | None = None, hos
     return Policy(plugin, loaded, model)
 
 
+def run_to_sample(output_dir: str | Path, checkpoint: Path | None) -> Path | None:
+    """The run directory to sample from: ``checkpoint`` when given, else a run config's
+    ``output_dir`` when it holds a checkpoint, else None (the starting model)."""
+    if checkpoint is not None:
+        return checkpoint
+    return Path(output_dir) if latest_checkpoint(Path(output_dir)) is not None else None
+
+
 def sample_groups(
     policy: Policy, examples: Sequence[Example], samples: int, temperature: float = 0.9, top_p: float = 0.9,
     max_new_tokens: int = 200, batch_prompts: int = 8, seed: int = 0, description: str = "sampling",
@@ -57,10 +65,10 @@ def sample_groups(
     """``samples`` responses per example, ``batch_prompts`` examples per ``generate``
     call (each batch seeded from ``seed`` and its index, so any batch is reproducible)."""
     starts = range(0, len(examples), batch_prompts)
+    device = next(policy.model.parameters()).device
     for number, start in enumerate(tqdm(starts, desc=description, unit="batch")):
         chosen = examples[start : start + batch_prompts]
         inputs = policy.backbone.build_inputs(policy.loaded, [e.prompt for e in chosen], [e.audio for e in chosen])
-        device = next(policy.model.parameters()).device
         torch.manual_seed(seed * 1_000_003 + number)
         yield sample_responses(policy.model, policy.loaded, {k: v.to(device) for k, v in inputs.items()},
                                group_size=samples, max_new_tokens=max_new_tokens, temperature=temperature,

@@ -28,7 +28,8 @@ from typing import Any, Iterable
 
 from ruamel.yaml.comments import CommentedMap
 
-from leaf_plugins.core.config import apply_overrides, build_collecting, format_errors, load_yaml, set_dotted
+from leaf_plugins.core.config import (apply_overrides, build_collecting, format_errors, key_location, load_yaml,
+                                      set_dotted)
 from leaf_plugins.core.errors import ConfigError, LeafError, suggest
 from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.evaluation.text_metrics import METRICS
@@ -178,7 +179,7 @@ def _warm_start(data: CommentedMap, where: str, host: PluginHost) -> tuple[WarmS
     raw = data.get("warm_start")
     if raw is None:
         return None, []
-    location = _where(data, "warm_start", where)
+    location = key_location(data, "warm_start", where)
     if isinstance(raw, str):
         try:
             node, file = load_yaml(Path(raw)), raw
@@ -208,7 +209,7 @@ def _variations(data: CommentedMap, where: str) -> tuple[list[tuple[str, dict, d
             if key == LABEL:
                 continue
             problem = _key_problem(str(key))
-            location = _where(entry, key, where)
+            location = key_location(entry, key, where)
             if problem:
                 errors.append(f"{location}: variations[{index}]: {problem}")
             else:
@@ -218,7 +219,7 @@ def _variations(data: CommentedMap, where: str) -> tuple[list[tuple[str, dict, d
     grid = data.get("grid") or CommentedMap()
     axes: list[list[tuple[str, Any, str]]] = []
     for key in grid if isinstance(grid, CommentedMap) else []:
-        location = _where(grid, key, where)
+        location = key_location(grid, key, where)
         problem = _key_problem(str(key))
         values = grid[key]
         if problem:
@@ -267,14 +268,6 @@ def _key_problem(key: str) -> str | None:
             return None  # free-form sections (estimator.params, task.options) take any key
         cls = hint
     return f"{key!r} is a section; vary one of its keys"
-
-
-def _where(node: Any, key: Any, where: str) -> str:
-    try:
-        line, column = node.lc.key(key)
-        return f"{where}:{line + 1}:{column + 1}"
-    except (AttributeError, KeyError, TypeError):
-        return where
 
 
 def _item_where(sequence: Any, index: int, where: str) -> str:

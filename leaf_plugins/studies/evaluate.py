@@ -19,10 +19,11 @@ from leaf_plugins.tasks.base import Example
 from leaf_plugins.training.config import BackboneConfig
 from leaf_plugins.training.trainer import ROLLOUT_LOG
 
-__all__ = ["evaluate_model", "training_summary", "PREDICTIONS", "EVALUATION"]
+__all__ = ["evaluate_model", "training_summary", "PREDICTIONS", "EVALUATION", "BASELINE"]
 
 PREDICTIONS = prediction_file(0)  # the first decoding run's predictions
 EVALUATION = "evaluation.json"  # written last: its presence marks the run finished
+BASELINE = "baseline"  # the study subdirectory where starting models are evaluated
 
 
 def evaluate_model(

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from leaf_plugins.studies.config import Study
-from leaf_plugins.studies.evaluate import EVALUATION
+from leaf_plugins.studies.evaluate import BASELINE, EVALUATION
 
 __all__ = ["write_results", "seed_interval", "COLUMNS"]
 
@@ -91,8 +91,6 @@ def write_results(study: Study) -> Path:
 
 
 def _start_lines(study: Study) -> list[str]:
-    from leaf_plugins.studies.runner import BASELINE
-
     lines = []
     for path in sorted((study.output_dir / BASELINE).glob(f"*/{EVALUATION}")):
         start = json.loads(path.read_text())

@@ -18,15 +18,14 @@ from tqdm import tqdm
 from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.studies.config import PlannedRun, Study, slug
-from leaf_plugins.studies.evaluate import EVALUATION, PREDICTIONS, evaluate_model, training_summary
+from leaf_plugins.studies.evaluate import BASELINE, EVALUATION, PREDICTIONS, evaluate_model, training_summary
 from leaf_plugins.studies.results import write_results
 from leaf_plugins.tasks.base import Example
 from leaf_plugins.training.checkpoint import latest_checkpoint
-from leaf_plugins.training.config import TrainConfig
+from leaf_plugins.training.config import TrainConfig, task_examples
 
-__all__ = ["run_study", "baseline_dir", "BASELINE", "RESOLVED"]
+__all__ = ["run_study", "baseline_dir", "RESOLVED"]
 
-BASELINE = "baseline"  # directory of the starting model's evaluation
 RESOLVED = "study.resolved.yaml"
 RUN_RECORD = "study_run.json"  # the run config and evaluation settings a run directory holds
 TIMES = "train_seconds.txt"  # wall time of each training session of a run (several when resumed)
@@ -57,7 +56,9 @@ def run_study(study: Study, plugins: Sequence[object] = (), host: PluginHost | N
             _evaluate(study, run, host, cache)
             write_results(study)
         state.wait_for_everyone()
-    return write_results(study) if state.is_main_process else output / "results.md"
+    if state.is_main_process and not pending:  # nothing ran: the table is (re)written all the same
+        write_results(study)
+    return output / "results.md"
 
 
 def _claim(run: PlannedRun, study: Study, write: bool) -> None:
@@ -140,7 +141,7 @@ def _evaluate(study: Study, run: PlannedRun, host: PluginHost, cache: dict) -> N
 def _examples(host: PluginHost, config: TrainConfig, split: str, cache: dict) -> list[Example]:
     key = (config.task.name, split, json.dumps(config.task.options, sort_keys=True, default=str))
     if key not in cache:
-        cache[key] = list(host.tasks.get(config.task.name).load(split, **config.task.options))
+        cache[key] = task_examples(config.task, split, host)
     return cache[key]
 
 
@@ -151,8 +152,7 @@ def _warm_start(study: Study, host: PluginHost) -> None:
     if (Path(config.output_dir) / "model" / "config.json").exists():
         return
     print(f"warm start -> {config.output_dir}")
-    examples = list(host.tasks.get(config.task.name).load(config.task.split, **config.task.options))
-    warm_start(config, examples, host)
+    warm_start(config, task_examples(config.task, host=host), host)
 
 
 def _write_resolved(study: Study, path: Path) -> None:

@@ -6,14 +6,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from leaf_plugins.core.config import apply_overrides, build, load_yaml
-from leaf_plugins.core.errors import ConfigError, LeafError
+from leaf_plugins.core.config import load_config
+from leaf_plugins.core.errors import LeafError
 from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.training.rollout import SURPRISAL_SOURCES
 
 __all__ = [
     "BackboneConfig", "TaskConfig", "EstimatorConfig", "RolloutConfig", "OptimConfig", "LoraSettings", "TrainConfig",
-    "load_train_config", "registered", "train_validators",
+    "load_train_config", "registered", "train_validators", "task_examples",
 ]
 
 
@@ -83,15 +83,17 @@ class TrainConfig:
     lora: LoraSettings = field(default_factory=LoraSettings)
 
 
+def task_examples(task: TaskConfig, split: str | None = None, host: PluginHost | None = None) -> list:
+    """The examples of ``split`` (default: ``task.split``) of the configured task, loaded
+    with the task's own options."""
+    plugin = (host or get_host()).tasks.get(task.name)
+    return list(plugin.load(split or task.split, **task.options))
+
+
 def load_train_config(path: Path, overrides: Iterable[str] = (), host: PluginHost | None = None) -> TrainConfig:
     """A ``TrainConfig`` from a YAML file and ``a.b=value`` overrides; registered names
     (backbone, task, estimator, reward) are checked against the plugin registries."""
-    host = host or get_host()
-    data = load_yaml(path)
-    errors = apply_overrides(data, overrides)
-    if errors:
-        raise ConfigError(f"{path}: " + "; ".join(errors))
-    return build(TrainConfig, data, str(path), train_validators(host))
+    return load_config(TrainConfig, path, overrides, train_validators(host or get_host()))
 
 
 def train_validators(host: PluginHost, prefix: str = "") -> dict[str, Callable[[Any], str | None]]:

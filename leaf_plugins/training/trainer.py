@@ -116,6 +116,7 @@ class Trainer:
         optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=config.optim.learning_rate)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.completed = 0  # optimizer steps done
+        self.audio_tokens = torch.tensor(audio_token_ids(self.loaded))  # [A] placeholder ids, not prompt text
         # the main process logs its share of every step's rollout groups (1-based step numbers)
         self.rollout_logger = (RolloutLogger(self.output_dir / ROLLOUT_LOG)
                                if config.log_rollouts and self.accelerator.is_main_process else None)
@@ -238,8 +239,7 @@ class Trainer:
 
     def _check_prompt_lengths(self, examples: list[Example], inputs: dict[str, torch.Tensor]) -> None:
         limit = self.config.rollout.max_prompt_tokens
-        audio = torch.tensor(audio_token_ids(self.loaded))
-        text = (inputs["attention_mask"].bool() & ~torch.isin(inputs["input_ids"].cpu(), audio).to(
+        text = (inputs["attention_mask"].bool() & ~torch.isin(inputs["input_ids"].cpu(), self.audio_tokens).to(
             inputs["attention_mask"].device)).sum(dim=1)  # [P]
         for example, count in zip(examples, text.tolist()):
             if count > limit:

@@ -39,15 +39,9 @@ class WarmStartConfig:
 
 def load_warm_start_config(path: Path, overrides: Sequence[str] = (), host: PluginHost | None = None) -> WarmStartConfig:
     """A ``WarmStartConfig`` from YAML and ``a.b=value`` overrides (errors as for runs)."""
-    from leaf_plugins.core.config import apply_overrides, build, load_yaml
-    from leaf_plugins.core.errors import ConfigError
+    from leaf_plugins.core.config import load_config
 
-    host = host or get_host()
-    data = load_yaml(path)
-    errors = apply_overrides(data, overrides)
-    if errors:
-        raise ConfigError(f"{path}: " + "; ".join(errors))
-    return build(WarmStartConfig, data, str(path), warm_start_validators(host))
+    return load_config(WarmStartConfig, path, overrides, warm_start_validators(host or get_host()))
 
 
 def warm_start_validators(host: PluginHost, prefix: str = "") -> dict:
