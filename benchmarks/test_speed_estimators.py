@@ -22,8 +22,10 @@ def batch_of(size: str) -> lp.RolloutBatch:
     return _BATCHES[size]
 
 
-@pytest.mark.parametrize("size", list(SIZES))
+# estimators of one size run one after the other, so that their ratios compare runs
+# made under the same conditions (machine load, allocator state)
 @pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("size", list(SIZES))
 def test_estimator_speed(benchmark, estimator, size):
     batch = batch_of(size)
     engine = lp.Engine(estimator)

@@ -28,6 +28,20 @@ def test_matches_the_reference(estimator, seed, choice, shuffle):
 
 
 @pytest.mark.parametrize("estimator", ESTIMATORS)
+@FAST
+@given(seed=group_seeds, choice=st.integers(min_value=0, max_value=10**6))
+def test_matches_the_reference_on_uniform_groups(estimator, seed, choice):
+    """Groups of one size stored contiguously: the layout the trainer produces, which
+    the estimators handle without scatters (views of [G, K, T])."""
+    groups = random_groups(seed, max_k=5)
+    size = min(len(group) for group in groups)
+    groups = [group[:size] for group in groups]
+    assert to_batch(groups)[0].groups.uniform_size == size
+    params = PARAMETER_GRID[estimator][choice % len(PARAMETER_GRID[estimator])]
+    assert_matches_reference(groups, estimator, params)
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
 def test_matches_the_reference_on_every_parameter_combination(estimator):
     for index, params in enumerate(PARAMETER_GRID[estimator]):
         assert_matches_reference(random_groups(index, max_groups=3, max_k=6), estimator, params, shuffle_seed=index)
@@ -125,9 +139,26 @@ def test_collision_is_shallower_than_leaf_on_boilerplate_openings():
     assert set(leaf_depth) == {6, 11}  # the decision points
 
 
-@given(st.lists(st.tuples(st.integers(0, 3), st.integers(-2, 2), st.integers(-(2**62), 2**62)), min_size=1, max_size=40))
-def test_lexicographic_row_order_is_pythons_stable_tuple_sort(rows):
-    from leaf_plugins.estimators.prefixes import _lexicographic_order
+@pytest.mark.parametrize("estimator", TREE_ESTIMATORS)
+def test_exact_when_prefix_hashes_collide(estimator, monkeypatch):
+    """With every hash weight 1 a prefix hashes to its token sum, so [1, 2] and [2, 1]
+    collide: the exact token check must catch that and fall back to an exact sort."""
+    from leaf_plugins.estimators import prefixes
 
-    expected = sorted(range(len(rows)), key=lambda index: rows[index])  # Python's sort is stable
-    assert _lexicographic_order(torch.tensor(rows, dtype=torch.int64)).tolist() == expected
+    exact_sorts = []
+    exact = prefixes.SortedPrefixes.lexicographic_exact.__func__
+
+    def counted(cls, batch):
+        exact_sorts.append(batch.size)
+        return exact(cls, batch)
+
+    monkeypatch.setattr(prefixes, "_hash_weights", lambda width, bits, device: torch.ones(width, dtype=torch.int64))
+    monkeypatch.setattr(prefixes.SortedPrefixes, "lexicographic_exact", classmethod(counted))
+    swapped = [[Response([1, 2, 0, 1], 1.0, [0.1, 0.1, 3.0, 0.1]), Response([2, 1, 0, 0], 0.0, [0.1, 0.1, 3.0, 0.1]),
+                Response([2, 1, 0, 2], 0.5, [0.1, 0.1, 3.0, 0.1])]]
+    for groups in [swapped] + [random_groups(seed) for seed in range(30)]:
+        for params in ({"normalize": "none"}, {"fork_budget": 4, "min_group": 3}):
+            if estimator == "full_tree":
+                params.pop("fork_budget", None)
+            assert_matches_reference(groups, estimator, params)
+    assert exact_sorts, "the colliding hashes were never caught"

@@ -45,6 +45,10 @@ def test_layout_eos_and_padding(setup, rollout):
     banned = set(audio_token_ids(loaded))
     assert not banned & set(batch.tokens.flatten().tolist())
     assert len(rollout.texts) == 18
+    # the bound the estimators hash with is the width of the logits the ids were sampled
+    # from (a model may have more embeddings than its tokenizer has tokens)
+    assert batch.vocab_size == loaded.model.get_output_embeddings().weight.shape[0]
+    assert int(batch.tokens.max()) < batch.vocab_size
 
 
 def test_surprisal_sources(setup, rollout):

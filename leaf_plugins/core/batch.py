@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Sequence
 
 import torch
@@ -25,10 +26,35 @@ class GroupLayout:
     sizes: torch.Tensor  # [G] int64: responses per group (K_g)
     uniform_size: int | None = None  # K when every group has K responses stored contiguously
 
+    @classmethod
+    def whole(cls, size: int, device: torch.device | str | None = None) -> "GroupLayout":
+        """All ``size`` responses as one group."""
+        return cls(
+            index=torch.zeros(size, dtype=torch.int64, device=device),
+            ids=torch.zeros(1, dtype=torch.int64, device=device),
+            sizes=torch.full((1,), size, dtype=torch.int64, device=device),
+            uniform_size=size or None,
+        )
+
     @property
     def count(self) -> int:
         """Number of groups G."""
         return int(self.ids.numel())
+
+    @cached_property
+    def members(self) -> torch.Tensor:
+        """``[G, K_max]`` int64 batch index of each group's responses in batch order,
+        ``-1`` padded (a view of ``arange(N)`` when the layout is uniform)."""
+        n = int(self.index.numel())
+        if self.uniform_size:
+            return torch.arange(n, device=self.index.device).view(self.count, self.uniform_size)
+        order = torch.argsort(self.index, stable=True)  # [N]
+        start = torch.cumsum(self.sizes, 0) - self.sizes  # [G]
+        slot = torch.arange(n, device=self.index.device) - start[self.index[order]]  # [N]
+        widest = int(self.sizes.max()) if self.count else 0
+        members = torch.full((self.count, widest), -1, dtype=torch.int64, device=self.index.device)
+        members[self.index[order], slot] = order
+        return members
 
 
 @dataclass(frozen=True)

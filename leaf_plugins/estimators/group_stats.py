@@ -1,28 +1,46 @@
-"""Per-group statistics of flat values, without a Python loop over groups."""
+"""Per-group statistics of per-response values, without a Python loop over groups.
+
+Uniform layouts (every group K consecutive responses, as rollouts produce them) reduce
+a ``[G, K, ...]`` view; other layouts scatter by group number.
+"""
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["group_sum", "group_mean", "group_std"]
+from leaf_plugins.core.batch import GroupLayout, RolloutBatch
+
+__all__ = ["group_sum", "group_mean", "group_std", "per_response", "root_values"]
 
 
-def group_sum(values: torch.Tensor, index: torch.Tensor, groups: int) -> torch.Tensor:
-    """Sum of ``values [M]`` per group ``index [M]`` -> ``[groups]`` (float32 or float64)."""
-    out = torch.zeros(groups, dtype=values.dtype, device=values.device)
-    return out.index_add_(0, index, values)
+def group_sum(values: torch.Tensor, layout: GroupLayout) -> torch.Tensor:
+    """Sum of ``values [N, ...]`` over each group's responses -> ``[G, ...]``."""
+    if layout.uniform_size:
+        return values.unflatten(0, (layout.count, layout.uniform_size)).sum(dim=1)
+    out = torch.zeros((layout.count,) + values.shape[1:], dtype=values.dtype, device=values.device)
+    return out.index_add_(0, layout.index, values)
 
 
-def group_mean(values: torch.Tensor, index: torch.Tensor, groups: int, counts: torch.Tensor) -> torch.Tensor:
-    """Mean of ``values [M]`` per group -> ``[groups]``; 0 for an empty group."""
-    return group_sum(values, index, groups) / counts.clamp(min=1).to(values.dtype)
+def group_mean(values: torch.Tensor, layout: GroupLayout) -> torch.Tensor:
+    """Mean of ``values [N]`` per group -> ``[G]``; 0 for an empty group."""
+    if layout.uniform_size:
+        return values.view(layout.count, layout.uniform_size).mean(dim=1)
+    return group_sum(values, layout) / layout.sizes.clamp(min=1).to(values.dtype)
 
 
-def group_std(
-    values: torch.Tensor, index: torch.Tensor, groups: int, counts: torch.Tensor, mean: torch.Tensor
-) -> torch.Tensor:
-    """Sample standard deviation (n - 1) per group -> ``[groups]``; 0 for groups of
-    fewer than two values."""
-    centred = values - mean[index]  # [M]
-    square_sum = group_sum(centred * centred, index, groups)
-    return (square_sum / (counts - 1).clamp(min=1).to(values.dtype)).sqrt() * (counts > 1)
+def group_std(values: torch.Tensor, layout: GroupLayout, mean: torch.Tensor) -> torch.Tensor:
+    """Sample standard deviation (n - 1) of ``values [N]`` per group around ``mean [G]``
+    -> ``[G]``; 0 for groups of fewer than two values."""
+    centred = values - per_response(mean, layout)  # [N]
+    square_sum = group_sum(centred * centred, layout)
+    return (square_sum / (layout.sizes - 1).clamp(min=1).to(values.dtype)).sqrt_() * (layout.sizes > 1)
+
+
+def per_response(values: torch.Tensor, layout: GroupLayout) -> torch.Tensor:
+    """Each response's entry of per-group ``values [G, ...]`` -> ``[N, ...]``."""
+    return values.index_select(0, layout.index)
+
+
+def root_values(batch: RolloutBatch) -> torch.Tensor:
+    """``[G]`` float32 mean reward of every group (the root value V0)."""
+    return group_mean(batch.rewards.double(), batch.groups).float()

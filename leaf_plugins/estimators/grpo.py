@@ -8,7 +8,7 @@ from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.core.hookspecs import hookimpl
 from leaf_plugins.core.params import EstimatorParams
 from leaf_plugins.core.tree import Boundaries, Nodes
-from leaf_plugins.estimators.group_stats import group_mean, group_std
+from leaf_plugins.estimators.group_stats import group_std, per_response, root_values
 
 
 class GRPO:
@@ -26,8 +26,8 @@ class GRPO:
 
     @hookimpl
     def compute_advantages(self, batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) -> torch.Tensor:
-        per_response = _normalised_rewards(batch, nodes, params)  # [N]
-        return torch.where(batch.mask, per_response.unsqueeze(1), 0.0)  # [N, T]
+        advantage = _normalised_rewards(batch, nodes, params)  # [N]
+        return torch.where(batch.mask, advantage.unsqueeze(1), 0.0)  # [N, T]
 
 
 @torch.inference_mode()
@@ -35,25 +35,23 @@ def _normalised_rewards(batch: RolloutBatch, nodes: Nodes, params: EstimatorPara
     """``[N]`` float32 (r_i - V0) / (max(std, std_floor) + eps) per response."""
     layout = batch.groups
     rewards = batch.rewards.to(torch.float64)  # [N]
-    std = group_std(rewards, layout.index, layout.count, layout.sizes, nodes.root_value.double())
-    scale = std.clamp(min=params.std_floor) + params.eps  # [G]
-    return ((rewards - nodes.root_value.double()[layout.index]) / scale[layout.index]).float()
+    root = nodes.root_value.double()  # [G]
+    scale = group_std(rewards, layout, root).clamp(min=params.std_floor) + params.eps  # [G]
+    return ((rewards - per_response(root, layout)) / per_response(scale, layout)).float()
 
 
 @torch.inference_mode()
 def root_only_nodes(batch: RolloutBatch) -> Nodes:
     """No retained node; only the group means (root values)."""
-    layout = batch.groups
     device = batch.device
     empty = torch.zeros(0, dtype=torch.int64, device=device)
-    root = group_mean(batch.rewards.double(), layout.index, layout.count, layout.sizes).float()  # [G]
     return Nodes(
         group=empty,
         position=empty,
         value=torch.zeros(0, dtype=torch.float32, device=device),
         size=empty,
         path=torch.full((batch.size, 0), -1, dtype=torch.int64, device=device),
-        root_value=root,
+        root_value=root_values(batch),
     )
 
 

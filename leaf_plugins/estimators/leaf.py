@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from leaf_plugins.core.batch import RolloutBatch
+from leaf_plugins.core.batch import GroupLayout, RolloutBatch
 from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.core.hookspecs import hookimpl
 from leaf_plugins.core.params import EstimatorParams
 from leaf_plugins.core.tree import Boundaries, Nodes
 from leaf_plugins.estimators.boundary_scan import greedy_boundaries, separation, shortest_lengths
 from leaf_plugins.estimators.nodes import boundary_nodes
-from leaf_plugins.estimators.prefixes import SortedPrefixes
 from leaf_plugins.estimators.span_credit import span_advantages
 
 __all__ = ["LEAF", "surprisal_boundaries"]
@@ -28,8 +27,7 @@ class LEAF:
 
     @hookimpl
     def retain_nodes(self, batch: RolloutBatch, boundaries: Boundaries, params: EstimatorParams) -> Nodes:
-        prefixes = SortedPrefixes.at_boundaries(batch, boundaries.positions)
-        return boundary_nodes(batch, prefixes, boundaries.positions, params.min_group)
+        return boundary_nodes(batch, boundaries.positions, params.min_group)
 
     @hookimpl
     def compute_advantages(self, batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) -> torch.Tensor:
@@ -49,26 +47,24 @@ def surprisal_boundaries(batch: RolloutBatch, budget: int, horizon: str) -> torc
                           "to RolloutBatch (one value per token, -log pi_old of the sampled token)")
     layout = batch.groups
     shortest = shortest_lengths(batch)  # [G]
-    lowest = torch.finfo(batch.surprisal.dtype).min
+    positions = torch.arange(batch.width, device=batch.device)
     if horizon == "shortest":  # every candidate lies inside every response of its group
         reach = int(shortest.max()) if layout.count else 0
-        scores = batch.surprisal[:, :reach]  # [N, R]
-        positions = torch.arange(reach, device=batch.device)
-        window = (positions >= 1) & (positions < shortest.unsqueeze(1))  # [G, R]
+        score = _group_maxima(batch.surprisal[:, :reach], layout)  # [G, R]
+        score.masked_fill_(positions[:reach] >= shortest.unsqueeze(1), -torch.inf)
     else:
         reach = int(batch.lengths.max()) if batch.size else 0
-        positions = torch.arange(reach, device=batch.device)
-        candidate = (positions >= 1) & (positions < batch.lengths.unsqueeze(1))  # [N, R]
-        scores = torch.where(candidate, batch.surprisal[:, :reach], lowest)
-        window = None
-    if layout.uniform_size and window is not None:  # a group's responses are consecutive rows: a view
-        grouped = batch.surprisal.view(layout.count, layout.uniform_size, batch.width)[:, :, :reach]
-        score = grouped.amax(dim=1)  # [G, R]
-    else:
-        score = torch.full((layout.count, reach), lowest, dtype=scores.dtype, device=batch.device)
-        score = score.scatter_reduce(0, layout.index.unsqueeze(1).expand_as(scores), scores, reduce="amax")
-    admissible = score > lowest if window is None else window  # [G, R]
-    return greedy_boundaries(score, admissible, separation(shortest, budget), budget)
+        inside = positions[:reach] < batch.lengths.unsqueeze(1)  # [N, R]
+        score = _group_maxima(batch.surprisal[:, :reach].masked_fill(~inside, -torch.inf), layout)  # [G, R]
+    return greedy_boundaries(score, separation(shortest, budget), budget)
+
+
+def _group_maxima(values: torch.Tensor, layout: GroupLayout) -> torch.Tensor:
+    """``[G, R]`` largest of ``values [N, R]`` over each group's responses (a new tensor)."""
+    if layout.uniform_size:  # a group's responses are consecutive rows: a view
+        return values.unflatten(0, (layout.count, layout.uniform_size)).amax(dim=1)
+    out = torch.full((layout.count, values.shape[1]), -torch.inf, dtype=values.dtype, device=values.device)
+    return out.scatter_reduce_(0, layout.index.unsqueeze(1).expand_as(values), values, reduce="amax")
 
 
 @hookimpl

@@ -1,4 +1,4 @@
-"""Retained prefix nodes, as ``Nodes`` tables, from the sorted prefix structure."""
+"""Retained prefix nodes, as ``Nodes`` tables, from exact prefix classes."""
 
 from __future__ import annotations
 
@@ -6,49 +6,43 @@ import torch
 
 from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.core.tree import Nodes
-from leaf_plugins.estimators.group_stats import group_mean
+from leaf_plugins.estimators.group_stats import root_values
+from leaf_plugins.estimators.prefix_classes import PrefixClasses
 from leaf_plugins.estimators.prefixes import SortedPrefixes, range_minima
 
-__all__ = ["boundary_nodes", "trie_nodes", "root_values"]
-
-
-def root_values(batch: RolloutBatch) -> torch.Tensor:
-    """``[G]`` float32 mean reward of every group (the root value V0)."""
-    layout = batch.groups
-    return group_mean(batch.rewards.double(), layout.index, layout.count, layout.sizes).float()
+__all__ = ["boundary_nodes", "trie_nodes"]
 
 
 @torch.inference_mode()
-def boundary_nodes(batch: RolloutBatch, prefixes: SortedPrefixes, positions: torch.Tensor, min_group: int) -> Nodes:
+def boundary_nodes(batch: RolloutBatch, positions: torch.Tensor, min_group: int) -> Nodes:
     """Group responses by exact prefix at each selected boundary; groups of at least
     ``min_group`` members become nodes (spec, LEAF step 2).
 
-    :param positions: ``[G, B]`` selected boundaries per group, ascending, ``-1`` unused.
+    :param positions: ``[G, B]`` selected boundaries per group, ``-1`` where unused.
     """
-    n, budget = batch.size, positions.shape[1]
-    classes = prefixes.classes_at(positions)  # [N, B] over sorted responses
-    boundary = positions[prefixes.group]  # [N, B]
-    used = boundary > 0
-    flat = classes.reshape(-1)
-    total = budget * max(n, 1)
-    sizes = torch.bincount(flat, minlength=total)  # [B*N]
-    sums = torch.zeros(total, dtype=torch.float64, device=batch.device).index_add_(
-        0, flat, batch.rewards.double()[prefixes.order].repeat_interleave(budget)
-    )
-    opens = torch.ones_like(classes, dtype=torch.bool)
-    opens[1:] = classes[1:] != classes[:-1]  # first sorted member of each class
-    kept = opens & used & (sizes[classes] >= min_group)  # [N, B]
-    kept_class = classes[kept]  # [M]
-    node_of_class = torch.full((total,), -1, dtype=torch.int64, device=batch.device)
-    node_of_class[kept_class] = torch.arange(kept_class.numel(), device=batch.device)
-    path_sorted = torch.where(used, node_of_class[classes], -1)  # [N, B] ascending positions
-    path = torch.empty_like(path_sorted)
-    path[prefixes.order] = _compact_left(path_sorted)
+    positions = _ascending_used_first(positions)  # [G, B]
+    classes = PrefixClasses.at_boundaries(batch, positions)
+    groups, budget, width = classes.size.shape
+    slots = torch.arange(width, device=batch.device)
+    # a node is recorded at its first member; min_group >= 2, so a response in a node
+    # at one boundary is in one at every shallower boundary: paths end in -1 only
+    kept = (classes.first == slots) & (classes.size >= min_group)  # [G, B, K]
+    node_id = torch.cumsum(kept.view(-1), 0).view(groups, budget, width) - 1  # [G, B, K]
+    path = torch.where(kept.gather(2, classes.first), node_id.gather(2, classes.first), -1).transpose(1, 2)  # [G, K, B]
+    members = batch.groups.members  # [G, K]
+    if batch.groups.uniform_size:
+        path = path.reshape(batch.size, budget)
+    else:
+        path = torch.empty((batch.size, budget), dtype=torch.int64, device=batch.device).index_put_(
+            (members[members >= 0],), path[members >= 0]
+        )
+    kept = kept.view(-1).nonzero().squeeze(1)  # [M] flat (group, boundary, slot) of every node
+    size = classes.size.view(-1).index_select(0, kept)
     return Nodes(
-        group=prefixes.group.unsqueeze(1).expand(n, budget)[kept],
-        position=boundary[kept],
-        value=(sums[kept_class] / sizes[kept_class]).float(),
-        size=sizes[kept_class],
+        group=kept.div(budget * width, rounding_mode="floor"),
+        position=positions.reshape(-1).index_select(0, kept.div(width, rounding_mode="floor")),
+        value=(classes.reward_sum.view(-1).index_select(0, kept) / size).float(),
+        size=size,
         path=path,
         root_value=root_values(batch),
     )
@@ -110,9 +104,8 @@ def trie_nodes(batch: RolloutBatch, prefixes: SortedPrefixes, min_group: int) ->
     )
 
 
-def _compact_left(path: torch.Tensor) -> torch.Tensor:
-    """Move the ``-1`` entries of each row to its end, keeping the order of the rest."""
-    if path.shape[1] < 2:
-        return path
-    key = (path < 0).to(torch.int64) * path.shape[1] + torch.arange(path.shape[1], device=path.device)
-    return path.gather(1, key.argsort(dim=1))
+def _ascending_used_first(positions: torch.Tensor) -> torch.Tensor:
+    """``positions [G, B]`` sorted ascending with the unused entries (``<= 0``) last, as ``-1``."""
+    unused = torch.iinfo(torch.int64).max
+    ordered = torch.where(positions > 0, positions, unused).sort(dim=1).values
+    return torch.where(ordered == unused, -1, ordered)

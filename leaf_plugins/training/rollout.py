@@ -94,7 +94,7 @@ def sample_responses(
         rewards=torch.zeros(generated.shape[0]),
         surprisal=torch.where(real, surprisal, 0.0).cpu(),
         logprobs=torch.where(real, logprobs, 0.0).cpu(),
-        vocab_size=len(tokenizer),
+        vocab_size=policy_logits.shape[-1],  # the model may sample ids beyond len(tokenizer) (padded embeddings)
     )
     texts = tokenizer.batch_decode(torch.where(real, generated, tokenizer.pad_token_id), skip_special_tokens=True)
     return Rollout(batch=batch, prompt_index=prompt_index.cpu(), texts=texts)

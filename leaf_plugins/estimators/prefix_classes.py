@@ -1,0 +1,112 @@
+"""Exact prefix classes at each group's boundaries, for the whole batch at once.
+
+Responses ``i`` and ``j`` of a group are in one class at boundary ``p`` iff their first
+``p`` tokens are equal (spec, LEAF step 2). Classes are proposed by comparing exact
+integer prefix hashes inside every group, a ``[G, B, K, K]`` comparison (B is the small
+fork budget), and then *checked on the tokens*: every response that is not the first
+member of its class is compared with that first member at its deepest such boundary.
+That one comparison per response proves every class exact, by induction over the
+members in slot order: the partner is an earlier member of the response's class at
+every shallower boundary too. Equal prefixes always hash equal, so hashes can only
+merge classes wrongly; when the check finds that (never observed), the classes are
+recomputed from an exact lexicographic sort of the rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from leaf_plugins.core.batch import RolloutBatch
+from leaf_plugins.estimators.prefixes import SortedPrefixes, prefix_hashes
+
+__all__ = ["PrefixClasses"]
+
+
+@dataclass(frozen=True)
+class PrefixClasses:
+    """Prefix classes of every group member (the slots of ``batch.groups.members``) at
+    every boundary.
+
+    Where a slot is padding or a boundary unused (``p <= 0``) the slot is in no class:
+    ``size`` is 0 there.
+    """
+
+    first: torch.Tensor  # [G, B, K] int64: slot of the first member of the slot's class
+    size: torch.Tensor  # [G, B, K] int64: members of the slot's class
+    reward_sum: torch.Tensor  # [G, B, K] float64: their summed reward
+
+    @classmethod
+    @torch.inference_mode()
+    def at_boundaries(cls, batch: RolloutBatch, positions: torch.Tensor) -> "PrefixClasses":
+        """The exact prefix classes at ``positions [G, B]`` (``-1`` or 0: unused)."""
+        try:
+            keys = _hashed_keys(batch, positions)  # [G, B, K]
+        except OverflowError:  # token ids too large to hash exactly
+            return cls._from_keys(batch, _exact_keys(batch, positions), positions)
+        classes = cls._from_keys(batch, keys, positions)
+        if classes._proven_on(batch, positions):
+            return classes
+        return cls._from_keys(batch, _exact_keys(batch, positions), positions)
+
+    @classmethod
+    def _from_keys(cls, batch: RolloutBatch, keys: torch.Tensor, positions: torch.Tensor) -> "PrefixClasses":
+        """Classes of equal ``keys [G, B, K]`` among the real slots at used boundaries."""
+        layout = batch.groups
+        members = layout.members  # [G, K]
+        inside = (positions > 0).unsqueeze(2)  # [G, B, 1]
+        if layout.uniform_size:
+            rewards = batch.rewards.double().view(members.shape)  # [G, K]
+            same = (keys.unsqueeze(3) == keys.unsqueeze(2)) & inside.unsqueeze(3)  # [G, B, K, K]
+        else:
+            rewards = torch.where(members >= 0, batch.rewards.double()[members.clamp(min=0)], 0.0)
+            inside = inside & (members >= 0).unsqueeze(1)  # [G, B, K]
+            same = (keys.unsqueeze(3) == keys.unsqueeze(2)) & inside.unsqueeze(3) & inside.unsqueeze(2)
+        return cls(
+            first=same.view(torch.uint8).max(dim=3).indices,  # the first of equal maxima
+            size=same.sum(dim=3),
+            reward_sum=(same * rewards.unsqueeze(1).unsqueeze(1)).sum(dim=3),
+        )
+
+    def _proven_on(self, batch: RolloutBatch, positions: torch.Tensor) -> bool:
+        """Compare every slot that is not first in its class with that first member, on
+        the tokens up to its deepest such boundary; ``True`` if all of them agree."""
+        if positions.numel() == 0:  # no boundary: every slot is in no class
+            return True
+        layout = batch.groups
+        members = layout.members  # [G, K]
+        later = (self.size > 0) & (self.first != torch.arange(members.shape[1], device=members.device))  # [G, B, K]
+        depth, deepest = torch.where(later, positions.unsqueeze(2), 0).max(dim=1)  # [G, K]: 0 = nothing to check
+        reach = int(depth.max())
+        if reach == 0:
+            return True
+        partner = members.gather(1, self.first.gather(1, deepest.unsqueeze(1)).squeeze(1))  # [G, K]
+        tokens = batch.tokens[:, :reach]  # [N, R]
+        if layout.uniform_size:  # slot order is row order
+            left, right, depth = tokens, tokens.index_select(0, partner.view(-1)), depth.view(-1)
+        else:
+            real = members >= 0
+            left, right, depth = tokens.index_select(0, members[real]), tokens.index_select(0, partner[real]), depth[real]
+        differs, first = (left != right).view(torch.uint8).max(dim=1)  # [M]: any difference, the first one
+        return not bool(first.masked_fill_(differs == 0, reach).lt_(depth).any())
+
+
+def _hashed_keys(batch: RolloutBatch, positions: torch.Tensor) -> torch.Tensor:
+    """``[G, B, K]`` int64 hash of every slot's first ``p`` tokens (anything at unused
+    boundaries and padding slots)."""
+    members = batch.groups.members.clamp(min=0)  # [G, K]
+    reach = max(int(positions.max()), 1) if positions.numel() else 1
+    hashes = prefix_hashes(batch.tokens[:, :reach], batch.token_bound)  # [N, R]
+    if hashes.shape[1] == 0:  # empty responses only
+        return torch.zeros(positions.shape + members.shape[1:], dtype=torch.int64, device=batch.device)
+    return hashes[members.unsqueeze(1), (positions - 1).clamp(min=0, max=hashes.shape[1] - 1).unsqueeze(2)]
+
+
+def _exact_keys(batch: RolloutBatch, positions: torch.Tensor) -> torch.Tensor:
+    """``[G, B, K]`` int64 exact class id of every slot, from a lexicographic sort."""
+    prefixes = SortedPrefixes.lexicographic_exact(batch)
+    classes = prefixes.classes_at(positions.clamp(min=0))  # [N, B] over sorted responses
+    per_row = torch.empty_like(classes)
+    per_row[prefixes.order] = classes
+    return per_row[batch.groups.members.clamp(min=0)].transpose(1, 2)
