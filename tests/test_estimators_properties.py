@@ -107,6 +107,7 @@ EDGE_CASES = {
     "no candidates (lmin 1)": [[Response([1], 1.0, [2.0]), Response([1, 2, 3, 4], 0.0, [1, 2, 3, 4])]],
     "empty response": [[Response([], 1.0, []), Response([1, 2], 0.0, [1.0, 1.0])]],
     "all responses empty": [[Response([], 1.0, []), Response([], 0.0, [])], [Response([], 0.5, [])]],
+    "no responses at all": [],
 }
 
 

@@ -63,6 +63,9 @@ class PrefixClasses:
             rewards = torch.where(members >= 0, batch.rewards.double()[members.clamp(min=0)], 0.0)
             inside = inside & (members >= 0).unsqueeze(1)  # [G, B, K]
             same = (keys.unsqueeze(3) == keys.unsqueeze(2)) & inside.unsqueeze(3) & inside.unsqueeze(2)
+        if same.shape[3] == 0:  # no responses
+            empty = keys.new_zeros(keys.shape)
+            return cls(first=empty, size=empty, reward_sum=empty.double())
         return cls(
             first=same.view(torch.uint8).max(dim=3).indices,  # the first of equal maxima
             size=same.sum(dim=3),
