@@ -44,4 +44,4 @@ def test_reference_speed(benchmark, estimator, size):
     groups = as_reference_groups(batch_of(size))
     benchmark.group = size
     benchmark.extra_info.update(estimator=f"{estimator} (reference)", size=size, tokens=int(batch_of(size).lengths.sum()))
-    benchmark.pedantic(estimate_groups, args=(groups, estimator), rounds=1, iterations=1)
+    benchmark.pedantic(estimate_groups, args=(groups, estimator), rounds=3, iterations=1, warmup_rounds=1)

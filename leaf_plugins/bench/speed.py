@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["SpeedRow", "read_speed_rows", "speed_table", "plot_speed"]
+__all__ = ["SpeedRow", "read_speed_rows", "combine_runs", "speed_table", "ratio_spread", "plot_speed"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,38 @@ def read_speed_rows(path: Path) -> list[SpeedRow]:
     return rows
 
 
+def combine_runs(runs: list[list[SpeedRow]]) -> list[SpeedRow]:
+    """One row per (size, estimator) from repeated runs of the suite: the median of the
+    runs' medians and the fastest round of all runs (row order of the first run)."""
+    keyed: dict[tuple[str, str], list[SpeedRow]] = {}
+    for rows in runs:
+        for row in rows:
+            keyed.setdefault((row.size, row.estimator), []).append(row)
+    return [
+        SpeedRow(size, estimator, statistics.median(r.median_ms for r in found), min(r.min_ms for r in found),
+                 found[0].tokens)
+        for (size, estimator), found in keyed.items()
+    ]
+
+
+def ratio_spread(runs: list[list[SpeedRow]]) -> str:
+    """Markdown: each estimator's median time over grpo's, per size and per run, so that
+    the spread between runs on a shared machine is in plain view."""
+    lines = ["| batch | estimator | × grpo time (median), per run |", "|---|---|---|"]
+    first = runs[0]
+    for size in dict.fromkeys(row.size for row in first):
+        for estimator in dict.fromkeys(r.estimator for r in first if r.size == size and r.estimator != "grpo"
+                                       and not r.estimator.endswith("(reference)")):
+            ratios = []
+            for rows in runs:
+                by_key = {(row.size, row.estimator): row for row in rows}
+                grpo, row = by_key.get((size, "grpo")), by_key.get((size, estimator))
+                if grpo and row:
+                    ratios.append(f"{row.median_ms / grpo.median_ms:.1f}")
+            lines.append(f"| {size} | {estimator} | {', '.join(ratios)} |")
+    return "\n".join(lines)
+
+
 def speed_table(rows: list[SpeedRow]) -> str:
     """Markdown: median and fastest time, tokens/s (median), time relative to grpo at the
     same size (from the medians and from the fastest rounds), and how many times faster
@@ -52,12 +85,17 @@ def speed_table(rows: list[SpeedRow]) -> str:
             ratio = f"{row.median_ms / grpo.median_ms:.1f}" if grpo else "–"
             fastest = f"{row.min_ms / grpo.min_ms:.1f}" if grpo else "–"
             reference = by_key.get((size, f"{row.estimator} (reference)"))
-            speedup = f"{reference.median_ms / row.median_ms:,.0f}×" if reference else "–"
+            speedup = _times(reference.median_ms / row.median_ms) if reference else "–"
             lines.append(
                 f"| {size} | {row.estimator} | {row.median_ms:.2f} | {row.min_ms:.2f} | {row.tokens_per_second:,.0f} "
                 f"| {ratio} | {fastest} | {speedup} |"
             )
     return "\n".join(lines)
+
+
+def _times(ratio: float) -> str:
+    """``87×``, or ``0.8×`` for ratios below 10."""
+    return f"{ratio:,.0f}×" if ratio >= 10 else f"{ratio:.1f}×"
 
 
 def plot_speed(rows: list[SpeedRow], path: Path) -> None:

@@ -21,6 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     speed = sub.add_parser("speed", help="estimator speed: ratios to GRPO and to the slow reference")
     speed.add_argument("--out", type=Path, default=Path("results/speed"), help="directory for JSON, table and plot")
     speed.add_argument("--quick", action="store_true", help="skip the largest batch size")
+    speed.add_argument("--repeats", type=int, default=3, metavar="N",
+                       help="run the suite N times and combine (median of the runs' medians; default 3)")
     speed.set_defaults(bench=run_speed)
     credit = sub.add_parser("credit", help="credit quality against exact values and gradients (tabular task)")
     credit.add_argument("--out", type=Path, default=Path("results/credit"), help="directory for tables and plots")
@@ -35,26 +37,33 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_speed(args: argparse.Namespace) -> int:
-    from leaf_plugins.bench.speed import plot_speed, read_speed_rows, speed_table
+    from leaf_plugins.bench.speed import combine_runs, plot_speed, ratio_spread, read_speed_rows, speed_table
 
     suite = SOURCE_ROOT / "benchmarks" / "test_speed_estimators.py"
     if not suite.exists():
         raise ConfigError(f"the benchmark suite is not here ({suite}): run 'leaf bench speed' from a source checkout")
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats must be at least 1, got {args.repeats}")
     args.out.mkdir(parents=True, exist_ok=True)
-    report = args.out / "speed.json"
-    command = [sys.executable, "-m", "pytest", str(suite), "--benchmark-only", f"--benchmark-json={report}", "-q",
-               "-p", "no:cacheprovider", "--benchmark-columns=median,rounds"]
-    if args.quick:
-        command += ["-k", "not 256x16x2048"]
-    print("running:", " ".join(command), flush=True)
-    done = subprocess.run(command, cwd=SOURCE_ROOT)
-    if done.returncode != 0:
-        return done.returncode
-    rows = read_speed_rows(report)
+    runs = []
+    for run_number in range(1, args.repeats + 1):
+        report = args.out / f"speed-{run_number}.json"
+        command = [sys.executable, "-m", "pytest", str(suite), "--benchmark-only", f"--benchmark-json={report}", "-q",
+                   "-p", "no:cacheprovider", "--benchmark-columns=median,min,rounds"]
+        if args.quick:
+            command += ["-k", "not 256x16x2048"]
+        print(f"run {run_number}/{args.repeats}:", " ".join(command), flush=True)
+        done = subprocess.run(command, cwd=SOURCE_ROOT)
+        if done.returncode != 0:
+            return done.returncode
+        runs.append(read_speed_rows(report))
+    rows = combine_runs(runs)
     table = speed_table(rows)
-    (args.out / "speed.md").write_text(table + "\n")
+    spread = ratio_spread(runs)
+    (args.out / "speed.md").write_text(table + "\n\n" + spread + "\n")
     plot_speed(rows, args.out / "speed.png")
-    print("\n" + table + f"\n\nwritten: {args.out / 'speed.md'}, {args.out / 'speed.png'}, {report}")
+    print("\n" + table + "\n\n" + spread + f"\n\nwritten: {args.out / 'speed.md'}, {args.out / 'speed.png'}, "
+          f"{args.out}/speed-*.json")
     return 0
 
 
