@@ -25,9 +25,10 @@ def test_ratios_to_grpo_and_to_the_reference(tmp_path):
     rows = read_speed_rows(report)
     lines = speed_table(rows).splitlines()
     assert len(lines) == 2 + 4  # header, rule, two estimators at two sizes (no reference row)
+    # grpo's own reference is twice as fast as grpo: a ratio below 10 keeps a decimal
+    assert lines[2] == "| small | grpo | 2.00 | 1.00 | 500,000 | 1.0 | 1.0 | 0.5× |"
     # leaf at "small": 8 ms median = 4.0 x grpo's 2 ms, 3 ms fastest = 3.0 x grpo's 1 ms,
     # 1000 tokens / 0.008 s = 125,000 tokens/s, reference 0.8 s / 0.008 s = 100 x
-    assert lines[2] == "| small | grpo | 2.00 | 1.00 | 500,000 | 1.0 | 1.0 | 0.5× |"
     assert lines[3] == "| small | leaf | 8.00 | 3.00 | 125,000 | 4.0 | 3.0 | 100× |"
     assert lines[5] == "| large | leaf | 25.00 | 20.00 | 40,000 | 2.5 | 2.0 | – |"
 

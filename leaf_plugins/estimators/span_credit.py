@@ -24,9 +24,9 @@ STD_FLOOR = 1e-6
 def span_advantages(batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) -> torch.Tensor:
     """Per-token advantages ``[N, T]`` float32 (0 on padding) from the nodes' paths."""
     values, sizes = _segment_table(batch, nodes, params)  # [N, D+2] each
-    # the one [N, T] operation runs outside inference mode: its output is an ordinary
-    # tensor that a loss may multiply with differentiable log-probabilities; int32
-    # segment numbers halve the memory of the per-token index
+    # the [N, T] painting runs outside inference mode: its output is an ordinary tensor
+    # that a loss may multiply with differentiable log-probabilities; int32 segment
+    # numbers halve the memory of the per-token index
     segment = torch.repeat_interleave(sizes.view(-1).int(), output_size=batch.size * batch.width)  # [N*T]
     return values.view(-1).index_select(0, segment).view(batch.size, batch.width)
 
