@@ -18,6 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from leaf_plugins.core.batch import RolloutBatch
+from leaf_plugins.estimators.prefixes import SortedPrefixes
 
 __all__ = [
     "ForkEvents",
@@ -45,13 +46,6 @@ class ForkEvents:
     group_position: torch.Tensor  # [F] int64: the boundary it fired at
 
 
-def _first_difference(upper: torch.Tensor, lower: torch.Tensor) -> torch.Tensor:
-    """``[M]`` first column where two ``[M, T]`` rows differ, ``T`` if equal."""
-    differs = upper != lower  # [M, T]
-    first = differs.to(torch.int8).argmax(dim=1)  # [M]
-    return torch.where(differs.any(dim=1), first, upper.shape[1])
-
-
 @torch.inference_mode()
 def fork_events(batch: RolloutBatch, positions: torch.Tensor, tau: float = 0.0) -> ForkEvents:
     """Fire/usable outcome of every boundary attempt, computed from the batch tokens.
@@ -61,20 +55,10 @@ def fork_events(batch: RolloutBatch, positions: torch.Tensor, tau: float = 0.0) 
         ``boundary_table.positions`` of a LEAF estimate.
     :param tau: reward-spread tolerance of a usable fire.
     """
-    layout = batch.groups
     n, slots = batch.size, positions.shape[1]
-    keyed = torch.cat([layout.index.unsqueeze(1), batch.tokens], dim=1)  # [N, T+1]
-    rank = torch.unique(keyed, dim=0, sorted=True, return_inverse=True)[1]  # [N]
-    order = torch.argsort(rank, stable=True)  # group-major, lexicographic within a group
-    group = layout.index[order]  # [N]
-    tokens = batch.tokens[order]  # [N, T]
-    lcp = torch.full((n,), -1, dtype=torch.int64, device=batch.device)  # [N]
-    if n > 1:
-        lcp[1:] = torch.where(group[1:] == group[:-1], _first_difference(tokens[:-1], tokens[1:]), -1)
-    boundary = positions[group]  # [N, B]
-    opens = (lcp.unsqueeze(1) < boundary) | (lcp < 0).unsqueeze(1)  # [N, B]: a new prefix class starts
-    classes = torch.cumsum(opens.to(torch.int64), dim=0) - 1 + torch.arange(slots, device=batch.device) * n  # [N, B]
-    flat = classes.reshape(-1)  # [N*B]
+    prefixes = SortedPrefixes.lexicographic_exact(batch)  # group-major, lexicographic within a group
+    order, group = prefixes.order, prefixes.group  # [N] each
+    flat = prefixes.classes_at(positions).reshape(-1)  # [N*B] prefix class per sorted response and boundary
     count = n * slots
     size = torch.bincount(flat, minlength=count)  # [C]
     rewards = batch.rewards.to(torch.float64)[order].unsqueeze(1).expand(n, slots).reshape(-1)  # [N*B]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from leaf_plugins.core.batch import RolloutBatch
-from leaf_plugins.estimators.prefixes import SortedPrefixes, prefix_hashes
+from leaf_plugins.estimators.prefixes import SortedPrefixes, first_difference, prefix_hashes
 
 __all__ = ["PrefixClasses"]
 
@@ -91,8 +91,7 @@ class PrefixClasses:
         else:
             real = members >= 0
             left, right, depth = tokens.index_select(0, members[real]), tokens.index_select(0, partner[real]), depth[real]
-        differs, first = (left != right).view(torch.uint8).max(dim=1)  # [M]: any difference, the first one
-        return not bool(first.masked_fill_(differs == 0, reach).lt_(depth).any())
+        return not bool((first_difference(left, right) < depth).any())  # first difference, R if none
 
 
 def _hashed_keys(batch: RolloutBatch, positions: torch.Tensor) -> torch.Tensor:

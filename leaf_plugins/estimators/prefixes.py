@@ -21,7 +21,7 @@ import torch
 
 from leaf_plugins.core.batch import RolloutBatch
 
-__all__ = ["SortedPrefixes", "range_minima", "prefix_hashes"]
+__all__ = ["SortedPrefixes", "range_minima", "prefix_hashes", "first_difference"]
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class SortedPrefixes:
         lcp = torch.full((n,), -1, dtype=torch.int64, device=batch.device)
         if n > 1:
             ordered = torch.index_select(batch.tokens, 0, order, out=workspace)  # [N, T]
-            lcp[1:] = torch.where(group[1:] == group[:-1], _first_difference(ordered[:-1], ordered[1:]), -1)
+            lcp[1:] = torch.where(group[1:] == group[:-1], first_difference(ordered[:-1], ordered[1:]), -1)
         start = torch.cumsum(layout.sizes, 0) - layout.sizes  # [G]
         slot = torch.arange(n, device=batch.device) - start[group]  # [N]
         return cls(order, group, lcp, slot, layout.sizes, reach)
@@ -211,7 +211,7 @@ def _token_after(tokens: torch.Tensor, rows: torch.Tensor, prefix: torch.Tensor)
     return torch.where(prefix < width, values, -2)
 
 
-def _first_difference(upper: torch.Tensor, lower: torch.Tensor) -> torch.Tensor:
+def first_difference(upper: torch.Tensor, lower: torch.Tensor) -> torch.Tensor:
     """``[M]`` first column where two ``[M, R]`` rows differ, ``R`` if they are equal."""
     width = upper.shape[1]
     if width == 0:
