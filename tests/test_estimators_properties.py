@@ -142,8 +142,8 @@ def test_collision_is_shallower_than_leaf_on_boilerplate_openings():
 
 @pytest.mark.parametrize("estimator", TREE_ESTIMATORS)
 def test_exact_when_prefix_hashes_collide(estimator, monkeypatch):
-    """With every hash weight 1 a prefix hashes to its token sum, so [1, 2] and [2, 1]
-    collide: the exact token check must catch that and fall back to an exact sort."""
+    """With every hash multiplier 1 a prefix hashes to its token sum, so [1, 2] and
+    [2, 1] collide: the exact check must catch that and fall back to an exact sort."""
     from leaf_plugins.estimators import prefixes
 
     exact_sorts = []
@@ -153,7 +153,7 @@ def test_exact_when_prefix_hashes_collide(estimator, monkeypatch):
         exact_sorts.append(batch.size)
         return exact(cls, batch)
 
-    monkeypatch.setattr(prefixes, "_hash_weights", lambda width, bits, device: torch.ones(width, dtype=torch.int64))
+    monkeypatch.setattr(prefixes, "_odd_multipliers", lambda width, device: torch.ones(width, dtype=torch.int32))
     monkeypatch.setattr(prefixes.SortedPrefixes, "lexicographic_exact", classmethod(counted))
     swapped = [[Response([1, 2, 0, 1], 1.0, [0.1, 0.1, 3.0, 0.1]), Response([2, 1, 0, 0], 0.0, [0.1, 0.1, 3.0, 0.1]),
                 Response([2, 1, 0, 2], 0.5, [0.1, 0.1, 3.0, 0.1])]]

@@ -2,14 +2,15 @@
 
 Responses ``i`` and ``j`` of a group are in one class at boundary ``p`` iff their first
 ``p`` tokens are equal (spec, LEAF step 2). Classes are proposed by comparing exact
-integer prefix hashes inside every group, a ``[G, B, K, K]`` comparison (B is the small
-fork budget), and then *checked on the tokens*: every response that is not the first
-member of its class is compared with that first member at its deepest such boundary.
-That one comparison per response proves every class exact, by induction over the
-members in slot order: the partner is an earlier member of the response's class at
-every shallower boundary too. Equal prefixes always hash equal, so hashes can only
-merge classes wrongly; when the check finds that (never observed), the classes are
-recomputed from an exact lexicographic sort of the rows.
+prefix hashes inside every group, a ``[G, B, K, K]`` comparison (B is the small fork
+budget), and then *proved*: every response that is not the first member of its class is
+compared with that first member up to its deepest such boundary, on the running hashes,
+which agree on a prefix exactly when the tokens do. That one comparison per response
+proves every class exact, by induction over the members in slot order: the partner is
+an earlier member of the response's class at every shallower boundary too. Equal
+prefixes always hash equal, so hashes can only merge classes wrongly; when the proof
+finds that (never observed), the classes are recomputed from an exact lexicographic
+sort of the rows.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from leaf_plugins.core.batch import RolloutBatch
-from leaf_plugins.estimators.prefixes import SortedPrefixes, first_difference, prefix_hashes
+from leaf_plugins.estimators.prefixes import SortedPrefixes, first_difference, running_hashes
 
 __all__ = ["PrefixClasses"]
 
@@ -41,12 +42,13 @@ class PrefixClasses:
     @torch.inference_mode()
     def at_boundaries(cls, batch: RolloutBatch, positions: torch.Tensor) -> "PrefixClasses":
         """The exact prefix classes at ``positions [G, B]`` (``-1`` or 0: unused)."""
+        reach = max(int(positions.max()), 1) if positions.numel() else 1
         try:
-            keys = _hashed_keys(batch, positions)  # [G, B, K]
-        except OverflowError:  # token ids too large to hash exactly
+            hashes = running_hashes(batch.tokens[:, :reach], batch.token_bound)  # [N, R]
+        except OverflowError:  # token ids too large for 32-bit hashes
             return cls._from_keys(batch, _exact_keys(batch, positions), positions)
-        classes = cls._from_keys(batch, keys, positions)
-        if classes._proven_on(batch, positions):
+        classes = cls._from_keys(batch, _hashes_at(hashes, batch, positions), positions)
+        if classes._proven_on(hashes, batch, positions):
             return classes
         return cls._from_keys(batch, _exact_keys(batch, positions), positions)
 
@@ -64,7 +66,7 @@ class PrefixClasses:
             inside = inside & (members >= 0).unsqueeze(1)  # [G, B, K]
             same = (keys.unsqueeze(3) == keys.unsqueeze(2)) & inside.unsqueeze(3) & inside.unsqueeze(2)
         if same.shape[3] == 0:  # no responses
-            empty = keys.new_zeros(keys.shape)
+            empty = torch.zeros(keys.shape, dtype=torch.int64, device=keys.device)
             return cls(first=empty, size=empty, reward_sum=empty.double())
         return cls(
             first=same.view(torch.uint8).max(dim=3).indices,  # the first of equal maxima
@@ -72,9 +74,10 @@ class PrefixClasses:
             reward_sum=(same * rewards.unsqueeze(1).unsqueeze(1)).sum(dim=3),
         )
 
-    def _proven_on(self, batch: RolloutBatch, positions: torch.Tensor) -> bool:
-        """Compare every slot that is not first in its class with that first member, on
-        the tokens up to its deepest such boundary; ``True`` if all of them agree."""
+    def _proven_on(self, hashes: torch.Tensor, batch: RolloutBatch, positions: torch.Tensor) -> bool:
+        """Compare every slot that is not first in its class with that first member up to
+        its deepest such boundary, on the running ``hashes [N, R]`` (equal exactly where
+        the tokens are); ``True`` if all of them agree."""
         if positions.numel() == 0:  # no boundary: every slot is in no class
             return True
         layout = batch.groups
@@ -85,23 +88,21 @@ class PrefixClasses:
         if reach == 0:
             return True
         partner = members.gather(1, self.first.gather(1, deepest.unsqueeze(1)).squeeze(1))  # [G, K]
-        tokens = batch.tokens[:, :reach]  # [N, R]
+        hashes = hashes[:, :reach]  # [N, R']
         if layout.uniform_size:  # slot order is row order
-            left, right, depth = tokens, tokens.index_select(0, partner.view(-1)), depth.view(-1)
+            left, right, depth = hashes, hashes.index_select(0, partner.view(-1)), depth.view(-1)
         else:
             real = members >= 0
-            left, right, depth = tokens.index_select(0, members[real]), tokens.index_select(0, partner[real]), depth[real]
+            left, right, depth = hashes.index_select(0, members[real]), hashes.index_select(0, partner[real]), depth[real]
         return not bool((first_difference(left, right) < depth).any())  # first difference, R if none
 
 
-def _hashed_keys(batch: RolloutBatch, positions: torch.Tensor) -> torch.Tensor:
-    """``[G, B, K]`` int64 hash of every slot's first ``p`` tokens (anything at unused
-    boundaries and padding slots)."""
+def _hashes_at(hashes: torch.Tensor, batch: RolloutBatch, positions: torch.Tensor) -> torch.Tensor:
+    """``[G, B, K]`` hash of every slot's first ``p`` tokens, from the running ``hashes
+    [N, R]`` (anything at unused boundaries and padding slots)."""
     members = batch.groups.members.clamp(min=0)  # [G, K]
-    reach = max(int(positions.max()), 1) if positions.numel() else 1
-    hashes = prefix_hashes(batch.tokens[:, :reach], batch.token_bound)  # [N, R]
     if hashes.shape[1] == 0:  # empty responses only
-        return torch.zeros(positions.shape + members.shape[1:], dtype=torch.int64, device=batch.device)
+        return torch.zeros(positions.shape + members.shape[1:], dtype=hashes.dtype, device=batch.device)
     return hashes[members.unsqueeze(1), (positions - 1).clamp(min=0, max=hashes.shape[1] - 1).unsqueeze(2)]
 
 

@@ -6,9 +6,9 @@ prefix (LCP), found by one exact token comparison, decides everything: responses
 their first ``p`` tokens iff every adjacent LCP between them is at least ``p``.
 
 Finding that order by comparing whole rows is slow when responses share long prefixes,
-so it is proposed from exact 64-bit integer prefix hashes and then *checked exactly* on
-the tokens; in the (never observed) event of a hash collision the exact check fails and
-the order is recomputed by a plain lexicographic sort of the rows, which is also what
+so it is proposed from 32-bit running prefix hashes and then *checked exactly*; in the
+(never observed) event of a hash collision the exact check fails and the order is
+recomputed by a plain lexicographic sort of the rows, which is also what
 ``prefix_classes`` falls back on. Results are exact either way.
 """
 
@@ -21,7 +21,7 @@ import torch
 
 from leaf_plugins.core.batch import RolloutBatch
 
-__all__ = ["SortedPrefixes", "range_minima", "prefix_hashes", "first_difference"]
+__all__ = ["SortedPrefixes", "range_minima", "running_hashes", "first_difference"]
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class SortedPrefixes:
         contiguous (padding ``-1`` sorts before every token)."""
         layout = batch.groups
         try:
-            hashes = prefix_hashes(batch.tokens, batch.token_bound)  # [N, T]
+            hashes = running_hashes(batch.tokens, batch.token_bound)  # [N, T]
         except OverflowError:
             return cls.lexicographic_exact(batch)
         members = layout.members  # [G, K] batch index, -1 padded
@@ -65,7 +65,7 @@ class SortedPrefixes:
         rank.masked_fill_(~valid, width)
         slots = torch.arange(width, device=batch.device)
         order = members.gather(1, rank.argsort(dim=1))[valid.sum(dim=1, keepdim=True) > slots]  # [N]
-        prefixes = cls._from_order(batch, order, workspace=hashes)  # the hashes are done with
+        prefixes = cls._from_order(batch, order, rows=hashes)
         if not prefixes._is_lexicographic(batch):
             return cls.lexicographic_exact(batch)
         return prefixes
@@ -80,17 +80,16 @@ class SortedPrefixes:
         return cls._from_order(batch, torch.argsort(rank, stable=True))
 
     @classmethod
-    def _from_order(
-        cls, batch: RolloutBatch, order: torch.Tensor, workspace: torch.Tensor | None = None
-    ) -> "SortedPrefixes":
-        """The responses in ``order [N]`` with their exact adjacent LCPs; ``workspace``, an
-        int64 ``[N, T]`` tensor no longer needed, receives the reordered tokens."""
+    def _from_order(cls, batch: RolloutBatch, order: torch.Tensor, rows: torch.Tensor | None = None) -> "SortedPrefixes":
+        """The responses in ``order [N]`` with their exact adjacent LCPs, compared on
+        ``rows [N, T]``: the tokens, or any rows that agree on a prefix exactly when the
+        tokens do (the running hashes)."""
         layout = batch.groups
         n, reach = batch.size, batch.width
         group = layout.index[order]  # [N]
         lcp = torch.full((n,), -1, dtype=torch.int64, device=batch.device)
         if n > 1:
-            ordered = torch.index_select(batch.tokens, 0, order, out=workspace)  # [N, T]
+            ordered = (batch.tokens if rows is None else rows).index_select(0, order)  # [N, T]
             lcp[1:] = torch.where(group[1:] == group[:-1], first_difference(ordered[:-1], ordered[1:]), -1)
         start = torch.cumsum(layout.sizes, 0) - layout.sizes  # [G]
         slot = torch.arange(n, device=batch.device) - start[group]  # [N]
@@ -159,30 +158,30 @@ def range_minima(gaps: torch.Tensor) -> torch.Tensor:
 
 
 @lru_cache(maxsize=16)
-def _hash_weights(width: int, bits: int, device: str) -> torch.Tensor:
-    """``[width]`` int64 random weights in ``[1, 2**bits)``, fixed by a seed."""
+def _odd_multipliers(width: int, device: str) -> torch.Tensor:
+    """``[width]`` int32 random odd multipliers, fixed by a seed."""
     generator = torch.Generator().manual_seed(0x1EAF)
-    return torch.randint(1, 2**bits, (width,), generator=generator, dtype=torch.int64).to(device)
+    odd = torch.randint(-(2**31), 2**31, (width,), generator=generator, dtype=torch.int64) | 1
+    return odd.to(torch.int32).to(device)
 
 
-def prefix_hashes(tokens: torch.Tensor, largest: int) -> torch.Tensor:
-    """``[N, R]`` int64: column ``j`` hashes the first ``j + 1`` tokens of each row,
-    ``sum_{t <= j} token_t * w_t`` with random weights ``w``. ``largest`` bounds the
-    token ids; padding (``-1``) counts as a token value of its own.
+def running_hashes(tokens: torch.Tensor, largest: int) -> torch.Tensor:
+    """``[N, R]`` int32: column ``j`` is ``sum_{t <= j} token_t * m_t`` modulo ``2**32``
+    with random odd multipliers ``m`` (padding ``-1`` counts as a token value of its own).
 
-    The weights are small enough that no partial sum can overflow, so the arithmetic is
-    exact and equal prefixes always hash equal, whatever the order of summation. Unequal
-    prefixes rarely do (for a fixed pair, probability below ``2**-bits``), and the
-    callers check the tokens exactly. Raises ``OverflowError`` when token ids are too
-    large to leave room for weights (callers then sort exactly instead).
+    Arithmetic modulo ``2**32`` is exact in any order, so equal prefixes always hash
+    equal. Odd multipliers are invertible modulo ``2**32``, so two rows' hashes agree on
+    columns ``0 … p-1`` *iff* their first ``p`` tokens do: comparing hash rows is an exact
+    token comparison at half the memory of int64 tokens. A single column can collide
+    (unequal prefixes, equal hash; for a fixed pair, about ``2**-32``). Raises
+    ``OverflowError`` when token ids do not fit in 31 bits.
     """
-    n, width = tokens.shape
-    if n == 0 or width == 0:
-        return torch.zeros((n, width), dtype=torch.int64, device=tokens.device)
-    bits = min(63 - (largest + 1).bit_length() - width.bit_length(), 62)
-    if bits < 1:
-        raise OverflowError("token ids too large to hash exactly")
-    return (tokens * _hash_weights(width, bits, str(tokens.device))).cumsum_(dim=1)
+    if largest >= 2**31:
+        raise OverflowError("token ids do not fit in 31 bits")
+    hashes = tokens.to(torch.int32, copy=True)  # exact below 2**31
+    if hashes.numel():
+        hashes.mul_(_odd_multipliers(tokens.shape[1], str(tokens.device))).cumsum_(dim=1)
+    return hashes
 
 
 def _hash_lcp(hashes: torch.Tensor, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
