@@ -141,6 +141,16 @@ def test_collision_is_shallower_than_leaf_on_boilerplate_openings():
 
 
 @pytest.mark.parametrize("estimator", TREE_ESTIMATORS)
+def test_token_ids_beyond_31_bits(estimator):
+    """Ids that do not fit the narrow (int32) hashes take the int64 ones, still exact."""
+    for seed in range(20):
+        # ids that differ only above bit 31, so that 32-bit arithmetic would confuse them
+        groups = [[Response([2**40 + (token % 2) + (token // 2) * 2**32 for token in response.tokens], response.reward,
+                            response.surprisal) for response in group] for group in random_groups(seed)]
+        assert_matches_reference(groups, estimator, {"normalize": "none"} if seed % 2 else {})
+
+
+@pytest.mark.parametrize("estimator", TREE_ESTIMATORS)
 def test_exact_when_prefix_hashes_collide(estimator, monkeypatch):
     """With every hash multiplier 1 a prefix hashes to its token sum, so [1, 2] and
     [2, 1] collide: the exact check must catch that and fall back to an exact sort."""
@@ -153,7 +163,7 @@ def test_exact_when_prefix_hashes_collide(estimator, monkeypatch):
         exact_sorts.append(batch.size)
         return exact(cls, batch)
 
-    monkeypatch.setattr(prefixes, "_odd_multipliers", lambda width, device: torch.ones(width, dtype=torch.int32))
+    monkeypatch.setattr(prefixes, "_odd_multipliers", lambda width, dtype, device: torch.ones(width, dtype=dtype))
     monkeypatch.setattr(prefixes.SortedPrefixes, "lexicographic_exact", classmethod(counted))
     swapped = [[Response([1, 2, 0, 1], 1.0, [0.1, 0.1, 3.0, 0.1]), Response([2, 1, 0, 0], 0.0, [0.1, 0.1, 3.0, 0.1]),
                 Response([2, 1, 0, 2], 0.5, [0.1, 0.1, 3.0, 0.1])]]

@@ -43,10 +43,9 @@ class PrefixClasses:
     def at_boundaries(cls, batch: RolloutBatch, positions: torch.Tensor) -> "PrefixClasses":
         """The exact prefix classes at ``positions [G, B]`` (``-1`` or 0: unused)."""
         reach = max(int(positions.max()), 1) if positions.numel() else 1
-        try:
-            hashes = running_hashes(batch.tokens[:, :reach], batch.token_bound)  # [N, R]
-        except OverflowError:  # token ids too large for 32-bit hashes
-            return cls._from_keys(batch, _exact_keys(batch, positions), positions)
+        # int32 hashes halve the bytes the proof compares, where token ids allow
+        narrow = torch.int32 if batch.token_bound < 2**31 else torch.int64
+        hashes = running_hashes(batch.tokens[:, :reach], narrow)  # [N, R]
         classes = cls._from_keys(batch, _hashes_at(hashes, batch, positions), positions)
         if classes._proven_on(hashes, batch, positions):
             return classes

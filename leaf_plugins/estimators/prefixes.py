@@ -46,10 +46,7 @@ class SortedPrefixes:
         """Responses in (group, lexicographic) order: every prefix class at every depth is
         contiguous (padding ``-1`` sorts before every token)."""
         layout = batch.groups
-        try:
-            hashes = running_hashes(batch.tokens, batch.token_bound)  # [N, T]
-        except OverflowError:
-            return cls.lexicographic_exact(batch)
+        hashes = running_hashes(batch.tokens)  # [N, T]
         members = layout.members  # [G, K] batch index, -1 padded
         width = members.shape[1]
         valid = members >= 0
@@ -65,7 +62,7 @@ class SortedPrefixes:
         rank.masked_fill_(~valid, width)
         slots = torch.arange(width, device=batch.device)
         order = members.gather(1, rank.argsort(dim=1))[valid.sum(dim=1, keepdim=True) > slots]  # [N]
-        prefixes = cls._from_order(batch, order, rows=hashes)
+        prefixes = cls._from_order(batch, order, workspace=hashes)  # the hashes are done with
         if not prefixes._is_lexicographic(batch):
             return cls.lexicographic_exact(batch)
         return prefixes
@@ -80,16 +77,18 @@ class SortedPrefixes:
         return cls._from_order(batch, torch.argsort(rank, stable=True))
 
     @classmethod
-    def _from_order(cls, batch: RolloutBatch, order: torch.Tensor, rows: torch.Tensor | None = None) -> "SortedPrefixes":
-        """The responses in ``order [N]`` with their exact adjacent LCPs, compared on
-        ``rows [N, T]``: the tokens, or any rows that agree on a prefix exactly when the
-        tokens do (the running hashes)."""
+    def _from_order(
+        cls, batch: RolloutBatch, order: torch.Tensor, workspace: torch.Tensor | None = None
+    ) -> "SortedPrefixes":
+        """The responses in ``order [N]`` with their exact adjacent LCPs; ``workspace``, an
+        int64 ``[N, T]`` tensor no longer needed, receives the reordered tokens (a fresh
+        tensor of that size costs more in page faults than the copy itself)."""
         layout = batch.groups
         n, reach = batch.size, batch.width
         group = layout.index[order]  # [N]
         lcp = torch.full((n,), -1, dtype=torch.int64, device=batch.device)
         if n > 1:
-            ordered = (batch.tokens if rows is None else rows).index_select(0, order)  # [N, T]
+            ordered = torch.index_select(batch.tokens, 0, order, out=workspace)  # [N, T]
             lcp[1:] = torch.where(group[1:] == group[:-1], first_difference(ordered[:-1], ordered[1:]), -1)
         start = torch.cumsum(layout.sizes, 0) - layout.sizes  # [G]
         slot = torch.arange(n, device=batch.device) - start[group]  # [N]
@@ -158,30 +157,28 @@ def range_minima(gaps: torch.Tensor) -> torch.Tensor:
 
 
 @lru_cache(maxsize=16)
-def _odd_multipliers(width: int, device: str) -> torch.Tensor:
-    """``[width]`` int32 random odd multipliers, fixed by a seed."""
+def _odd_multipliers(width: int, dtype: torch.dtype, device: str) -> torch.Tensor:
+    """``[width]`` random odd multipliers (int64, or their low 32 bits), fixed by a seed."""
     generator = torch.Generator().manual_seed(0x1EAF)
-    odd = torch.randint(-(2**31), 2**31, (width,), generator=generator, dtype=torch.int64) | 1
-    return odd.to(torch.int32).to(device)
+    odd = torch.randint(-(2**63), 2**63 - 1, (width,), generator=generator, dtype=torch.int64) | 1
+    return odd.to(dtype).to(device)
 
 
-def running_hashes(tokens: torch.Tensor, largest: int) -> torch.Tensor:
-    """``[N, R]`` int32: column ``j`` is ``sum_{t <= j} token_t * m_t`` modulo ``2**32``
-    with random odd multipliers ``m`` (padding ``-1`` counts as a token value of its own).
+def running_hashes(tokens: torch.Tensor, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """``[N, R]`` running hashes: column ``j`` is ``sum_{t <= j} token_t * m_t`` with random
+    odd multipliers ``m``, modulo ``2**64`` (int64) or ``2**32`` (int32; token ids must
+    then be below ``2**31``). Padding (``-1``) counts as a token value of its own.
 
-    Arithmetic modulo ``2**32`` is exact in any order, so equal prefixes always hash
-    equal. Odd multipliers are invertible modulo ``2**32``, so two rows' hashes agree on
-    columns ``0 … p-1`` *iff* their first ``p`` tokens do: comparing hash rows is an exact
-    token comparison at half the memory of int64 tokens. A single column can collide
-    (unequal prefixes, equal hash; for a fixed pair, about ``2**-32``). Raises
-    ``OverflowError`` when token ids do not fit in 31 bits.
+    Modular arithmetic is exact in any order, so equal prefixes always hash equal. Odd
+    multipliers are invertible, so two rows' hashes agree on columns ``0 … p-1`` *iff*
+    their first ``p`` tokens do: comparing hash rows is an exact token comparison (int32
+    rows: at half the memory of the int64 tokens). A single column can collide (unequal
+    prefixes, equal hash: for a fixed pair, about ``2**-32`` in int32).
     """
-    if largest >= 2**31:
-        raise OverflowError("token ids do not fit in 31 bits")
-    hashes = tokens.to(torch.int32, copy=True)  # exact below 2**31
-    if hashes.numel():
-        hashes.mul_(_odd_multipliers(tokens.shape[1], str(tokens.device))).cumsum_(dim=1)
-    return hashes
+    multipliers = _odd_multipliers(tokens.shape[1], dtype, str(tokens.device))  # [R]
+    if dtype == torch.int64:  # int64 sums run fastest on the CPU
+        return (tokens * multipliers).cumsum_(dim=1)
+    return tokens.to(dtype, copy=True).mul_(multipliers).cumsum_(dim=1)
 
 
 def _hash_lcp(hashes: torch.Tensor, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ from leaf_plugins.core.batch import GroupLayout, RolloutBatch
 from leaf_plugins.core.params import EstimatorParams
 from leaf_plugins.core.tree import Nodes
 from leaf_plugins.estimators.group_stats import group_sum, per_response
+from leaf_plugins.estimators.painting import paint_segments
 
 __all__ = ["span_advantages", "STD_FLOOR"]
 
@@ -25,10 +26,8 @@ def span_advantages(batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) 
     """Per-token advantages ``[N, T]`` float32 (0 on padding) from the nodes' paths."""
     values, sizes = _segment_table(batch, nodes, params)  # [N, D+2] each
     # the [N, T] painting runs outside inference mode: its output is an ordinary tensor
-    # that a loss may multiply with differentiable log-probabilities; int32 segment
-    # numbers halve the memory of the per-token index
-    segment = torch.repeat_interleave(sizes.view(-1).int(), output_size=batch.size * batch.width)  # [N*T]
-    return values.view(-1).index_select(0, segment).view(batch.size, batch.width)
+    # that a loss may multiply with differentiable log-probabilities
+    return paint_segments(values, sizes, batch.width)
 
 
 @torch.inference_mode()
