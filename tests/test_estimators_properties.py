@@ -141,6 +141,21 @@ def test_collision_is_shallower_than_leaf_on_boilerplate_openings():
 
 
 @pytest.mark.parametrize("estimator", TREE_ESTIMATORS)
+def test_long_responses_without_the_exact_sort(estimator, monkeypatch):
+    """Long rows with long shared prefixes: exact, and decided by the hashes alone (the
+    exact sort is only for collisions)."""
+    from leaf_plugins.estimators import prefixes
+
+    def refused(cls, batch):
+        raise AssertionError("the hashes failed their exact check without a collision")
+
+    monkeypatch.setattr(prefixes.SortedPrefixes, "lexicographic_exact", classmethod(refused))
+    for seed in range(12):
+        groups = random_groups(seed, max_groups=3, max_k=6, max_len=150, vocab=2 + seed % 3)
+        assert_matches_reference(groups, estimator, {"normalize": "none"} if seed % 2 else {})
+
+
+@pytest.mark.parametrize("estimator", TREE_ESTIMATORS)
 def test_token_ids_beyond_31_bits(estimator):
     """Ids that do not fit the narrow (int32) hashes take the int64 ones, still exact."""
     for seed in range(20):
