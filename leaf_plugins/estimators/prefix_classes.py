@@ -21,6 +21,7 @@ import torch
 
 from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.estimators.prefixes import SortedPrefixes, first_difference, running_hashes
+from leaf_plugins.estimators.scratch import scratch
 
 __all__ = ["PrefixClasses"]
 
@@ -45,7 +46,8 @@ class PrefixClasses:
         reach = max(int(positions.max()), 1) if positions.numel() else 1
         # int32 hashes halve the bytes the proof compares, where token ids allow
         narrow = torch.int32 if batch.token_bound < 2**31 else torch.int64
-        hashes = running_hashes(batch.tokens[:, :reach], narrow)  # [N, R]
+        tokens = batch.tokens[:, :reach]  # [N, R]
+        hashes = running_hashes(tokens, narrow, out=scratch("hashes", tokens.shape, narrow, batch.device))  # [N, R]
         classes = cls._from_keys(batch, _hashes_at(hashes, batch, positions), positions)
         if classes._proven_on(hashes, batch, positions):
             return classes
@@ -89,7 +91,8 @@ class PrefixClasses:
         partner = members.gather(1, self.first.gather(1, deepest.unsqueeze(1)).squeeze(1))  # [G, K]
         hashes = hashes[:, :reach]  # [N, R']
         if layout.uniform_size:  # slot order is row order
-            left, right, depth = hashes, hashes.index_select(0, partner.view(-1)), depth.view(-1)
+            right = scratch("partner rows", hashes.shape, hashes.dtype, hashes.device)
+            left, right, depth = hashes, torch.index_select(hashes, 0, partner.view(-1), out=right), depth.view(-1)
         else:
             real = members >= 0
             left, right, depth = hashes.index_select(0, members[real]), hashes.index_select(0, partner[real]), depth[real]

@@ -20,6 +20,7 @@ from functools import cached_property, lru_cache
 import torch
 
 from leaf_plugins.core.batch import RolloutBatch
+from leaf_plugins.estimators.scratch import scratch
 
 __all__ = ["SortedPrefixes", "range_minima", "running_hashes", "first_difference"]
 
@@ -46,7 +47,7 @@ class SortedPrefixes:
         """Responses in (group, lexicographic) order: every prefix class at every depth is
         contiguous (padding ``-1`` sorts before every token)."""
         layout = batch.groups
-        hashes = running_hashes(batch.tokens)  # [N, T]
+        hashes = running_hashes(batch.tokens, out=scratch("hashes", batch.tokens.shape, torch.int64, batch.device))  # [N, T]
         members = layout.members  # [G, K] batch index, -1 padded
         width = members.shape[1]
         valid = members >= 0
@@ -164,7 +165,7 @@ def _odd_multipliers(width: int, dtype: torch.dtype, device: str) -> torch.Tenso
     return odd.to(dtype).to(device)
 
 
-def running_hashes(tokens: torch.Tensor, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+def running_hashes(tokens: torch.Tensor, dtype: torch.dtype = torch.int64, out: torch.Tensor | None = None) -> torch.Tensor:
     """``[N, R]`` running hashes: column ``j`` is ``sum_{t <= j} token_t * m_t`` with random
     odd multipliers ``m``, modulo ``2**64`` (int64) or ``2**32`` (int32; token ids must
     then be below ``2**31``). Padding (``-1``) counts as a token value of its own.
@@ -174,11 +175,17 @@ def running_hashes(tokens: torch.Tensor, dtype: torch.dtype = torch.int64) -> to
     their first ``p`` tokens do: comparing hash rows is an exact token comparison (int32
     rows: at half the memory of the int64 tokens). A single column can collide (unequal
     prefixes, equal hash: for a fixed pair, about ``2**-32`` in int32).
+
+    :param out: an optional ``[N, R]`` tensor of ``dtype`` to write the hashes into.
     """
     multipliers = _odd_multipliers(tokens.shape[1], dtype, str(tokens.device))  # [R]
+    if out is None:
+        out = torch.empty(tokens.shape, dtype=dtype, device=tokens.device)
     if dtype == torch.int64:  # int64 sums run fastest on the CPU
-        return (tokens * multipliers).cumsum_(dim=1)
-    return tokens.to(dtype, copy=True).mul_(multipliers).cumsum_(dim=1)
+        torch.mul(tokens, multipliers, out=out)
+    else:
+        out.copy_(tokens).mul_(multipliers)
+    return out.cumsum_(dim=1)
 
 
 def _hash_lcp(hashes: torch.Tensor, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
