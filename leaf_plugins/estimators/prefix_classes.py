@@ -1,7 +1,7 @@
 """Exact prefix classes at each group's boundaries, for the whole batch at once.
 
 Responses ``i`` and ``j`` of a group are in one class at boundary ``p`` iff their first
-``p`` tokens are equal (spec, LEAF step 2). Classes are proposed by comparing exact
+``p`` tokens are equal (spec, LEAF step 2). Classes are proposed by comparing the
 prefix hashes inside every group, a ``[G, B, K, K]`` comparison (B is the small fork
 budget), and then *proved*: every response that is not the first member of its class is
 compared with that first member up to its deepest such boundary, on the running hashes,

@@ -6,9 +6,9 @@ prefix (LCP), found by one exact token comparison, decides everything: responses
 their first ``p`` tokens iff every adjacent LCP between them is at least ``p``.
 
 Finding that order by comparing whole rows is slow when responses share long prefixes,
-so it is proposed from 32-bit running prefix hashes and then *checked exactly*; in the
-(never observed) event of a hash collision the exact check fails and the order is
-recomputed by a plain lexicographic sort of the rows, which is also what
+so it is proposed from running prefix hashes and then *checked exactly* on the tokens;
+in the (never observed) event of a hash collision the exact check fails and the order
+is recomputed by a plain lexicographic sort of the rows, which is also what
 ``prefix_classes`` falls back on. Results are exact either way.
 """
 
@@ -47,7 +47,8 @@ class SortedPrefixes:
         """Responses in (group, lexicographic) order: every prefix class at every depth is
         contiguous (padding ``-1`` sorts before every token)."""
         layout = batch.groups
-        hashes = running_hashes(batch.tokens, out=scratch("hashes", batch.tokens.shape, torch.int64, batch.device))  # [N, T]
+        workspace = scratch("hashes", batch.tokens.shape, torch.int64, batch.device)
+        hashes = running_hashes(batch.tokens, out=workspace)  # [N, T]
         members = layout.members  # [G, K] batch index, -1 padded
         width = members.shape[1]
         valid = members >= 0
@@ -165,7 +166,9 @@ def _odd_multipliers(width: int, dtype: torch.dtype, device: str) -> torch.Tenso
     return odd.to(dtype).to(device)
 
 
-def running_hashes(tokens: torch.Tensor, dtype: torch.dtype = torch.int64, out: torch.Tensor | None = None) -> torch.Tensor:
+def running_hashes(
+    tokens: torch.Tensor, dtype: torch.dtype = torch.int64, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """``[N, R]`` running hashes: column ``j`` is ``sum_{t <= j} token_t * m_t`` with random
     odd multipliers ``m``, modulo ``2**64`` (int64) or ``2**32`` (int32; token ids must
     then be below ``2**31``). Padding (``-1``) counts as a token value of its own.
