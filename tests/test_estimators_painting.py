@@ -43,7 +43,7 @@ def test_both_methods_paint_what_python_paints(table, block):
     assert torch.equal(painting.paint_by_blocks(value_tensor, size_tensor, width, block), expected)
 
 
-def test_block_painting_writes_every_token_once_per_value():
+def test_block_painting_of_one_token_segments():
     """A row of one-token segments: every token is its own block remainder."""
     values = torch.arange(40, dtype=torch.float32).view(2, 20)
     sizes = torch.ones(2, 20, dtype=torch.int64)
