@@ -53,12 +53,12 @@ def ratio_spread(runs: list[list[SpeedRow]]) -> str:
     the spread between runs on a shared machine is in plain view."""
     lines = ["| batch | estimator | × grpo time (median), per run |", "|---|---|---|"]
     first = runs[0]
+    keyed_runs = [{(row.size, row.estimator): row for row in rows} for rows in runs]
     for size in dict.fromkeys(row.size for row in first):
         for estimator in dict.fromkeys(r.estimator for r in first if r.size == size and r.estimator != "grpo"
                                        and not r.estimator.endswith("(reference)")):
             ratios = []
-            for rows in runs:
-                by_key = {(row.size, row.estimator): row for row in rows}
+            for by_key in keyed_runs:
                 grpo, row = by_key.get((size, "grpo")), by_key.get((size, estimator))
                 if grpo and row:
                     ratios.append(f"{row.median_ms / grpo.median_ms:.1f}")

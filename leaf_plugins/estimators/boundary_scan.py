@@ -5,17 +5,14 @@ from __future__ import annotations
 import torch
 
 from leaf_plugins.core.batch import RolloutBatch
+from leaf_plugins.estimators.group_stats import group_extreme
 
-__all__ = ["separation", "shortest_lengths", "greedy_boundaries"]
+__all__ = ["separation", "shortest_lengths", "greedy_boundaries", "ascending_used_first"]
 
 
 def shortest_lengths(batch: RolloutBatch) -> torch.Tensor:
     """``[G]`` int64: the shortest response length lmin of every group."""
-    layout = batch.groups
-    if layout.uniform_size:
-        return batch.lengths.view(layout.count, layout.uniform_size).amin(dim=1)
-    out = torch.full((layout.count,), batch.width, dtype=torch.int64, device=batch.device)
-    return out.scatter_reduce(0, layout.index, batch.lengths, reduce="amin", include_self=True)
+    return group_extreme(batch.lengths, batch.groups, "amin", empty=batch.width)
 
 
 def separation(shortest: torch.Tensor, budget: int) -> torch.Tensor:
@@ -47,6 +44,11 @@ def greedy_boundaries(score: torch.Tensor, gap: torch.Tensor, budget: int) -> to
         best = score.max(dim=1, keepdim=True).indices  # [G, 1]: the first maximum
         picks.append(best)
         score.masked_fill_((positions - best).abs_() < gap, -torch.inf)
-    chosen = torch.cat(picks, dim=1)  # [G, B], 0 where unused
-    chosen = chosen.masked_fill_(chosen == 0, width).sort(dim=1).values
-    return chosen.masked_fill_(chosen == width, -1)
+    return ascending_used_first(torch.cat(picks, dim=1))  # picks: 0 where unused
+
+
+def ascending_used_first(positions: torch.Tensor) -> torch.Tensor:
+    """``positions [G, B]`` sorted ascending with the unused entries (``<= 0``) last, as ``-1``."""
+    unused = torch.iinfo(torch.int64).max
+    ordered = torch.where(positions > 0, positions, unused).sort(dim=1).values
+    return torch.where(ordered == unused, -1, ordered)

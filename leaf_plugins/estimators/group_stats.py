@@ -10,7 +10,7 @@ import torch
 
 from leaf_plugins.core.batch import GroupLayout, RolloutBatch
 
-__all__ = ["group_sum", "group_mean", "group_std", "per_response", "root_values"]
+__all__ = ["group_sum", "group_mean", "group_std", "group_extreme", "per_response", "root_values"]
 
 
 def group_sum(values: torch.Tensor, layout: GroupLayout) -> torch.Tensor:
@@ -34,6 +34,17 @@ def group_std(values: torch.Tensor, layout: GroupLayout, mean: torch.Tensor) -> 
     centred = values - per_response(mean, layout)  # [N]
     square_sum = group_sum(centred * centred, layout)
     return (square_sum / (layout.sizes - 1).clamp(min=1).to(values.dtype)).sqrt_() * (layout.sizes > 1)
+
+
+def group_extreme(values: torch.Tensor, layout: GroupLayout, reduce: str, empty: float) -> torch.Tensor:
+    """Largest (``reduce="amax"``) or smallest (``"amin"``) of ``values [N, ...]`` over
+    each group's responses -> ``[G, ...]``, a new tensor; ``empty`` for a group without
+    responses."""
+    if layout.uniform_size:
+        return getattr(values.unflatten(0, (layout.count, layout.uniform_size)), reduce)(dim=1)
+    out = torch.full((layout.count,) + values.shape[1:], empty, dtype=values.dtype, device=values.device)
+    index = layout.index.view((-1,) + (1,) * (values.dim() - 1)).expand_as(values)
+    return out.scatter_reduce_(0, index, values, reduce=reduce)
 
 
 def per_response(values: torch.Tensor, layout: GroupLayout) -> torch.Tensor:

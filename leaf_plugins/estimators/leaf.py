@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from leaf_plugins.core.batch import GroupLayout, RolloutBatch
+from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.core.hookspecs import hookimpl
 from leaf_plugins.core.params import EstimatorParams
 from leaf_plugins.core.tree import Boundaries, Nodes
 from leaf_plugins.estimators.boundary_scan import greedy_boundaries, separation, shortest_lengths
+from leaf_plugins.estimators.group_stats import group_extreme
 from leaf_plugins.estimators.nodes import boundary_nodes
 from leaf_plugins.estimators.span_credit import span_advantages
 
@@ -50,21 +51,14 @@ def surprisal_boundaries(batch: RolloutBatch, budget: int, horizon: str) -> torc
     positions = torch.arange(batch.width, device=batch.device)
     if horizon == "shortest":  # every candidate lies inside every response of its group
         reach = int(shortest.max()) if layout.count else 0
-        score = _group_maxima(batch.surprisal[:, :reach], layout)  # [G, R]
+        score = group_extreme(batch.surprisal[:, :reach], layout, "amax", empty=-torch.inf)  # [G, R]
         score.masked_fill_(positions[:reach] >= shortest.unsqueeze(1), -torch.inf)
     else:
         reach = int(batch.lengths.max()) if batch.size else 0
         inside = positions[:reach] < batch.lengths.unsqueeze(1)  # [N, R]
-        score = _group_maxima(batch.surprisal[:, :reach].masked_fill(~inside, -torch.inf), layout)  # [G, R]
+        candidates = batch.surprisal[:, :reach].masked_fill(~inside, -torch.inf)  # [N, R]
+        score = group_extreme(candidates, layout, "amax", empty=-torch.inf)  # [G, R]
     return greedy_boundaries(score, separation(shortest, budget), budget)
-
-
-def _group_maxima(values: torch.Tensor, layout: GroupLayout) -> torch.Tensor:
-    """``[G, R]`` largest of ``values [N, R]`` over each group's responses (a new tensor)."""
-    if layout.uniform_size:  # a group's responses are consecutive rows: a view
-        return values.unflatten(0, (layout.count, layout.uniform_size)).amax(dim=1)
-    out = torch.full((layout.count, values.shape[1]), -torch.inf, dtype=values.dtype, device=values.device)
-    return out.scatter_reduce_(0, layout.index.unsqueeze(1).expand_as(values), values, reduce="amax")
 
 
 @hookimpl

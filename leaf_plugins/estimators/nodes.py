@@ -6,6 +6,7 @@ import torch
 
 from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.core.tree import Nodes
+from leaf_plugins.estimators.boundary_scan import ascending_used_first
 from leaf_plugins.estimators.group_stats import root_values
 from leaf_plugins.estimators.prefix_classes import PrefixClasses
 from leaf_plugins.estimators.prefixes import SortedPrefixes, range_minima
@@ -20,7 +21,7 @@ def boundary_nodes(batch: RolloutBatch, positions: torch.Tensor, min_group: int)
 
     :param positions: ``[G, B]`` selected boundaries per group, ``-1`` where unused.
     """
-    positions = _ascending_used_first(positions)  # [G, B]
+    positions = ascending_used_first(positions)  # [G, B]
     classes = PrefixClasses.at_boundaries(batch, positions)
     groups, budget, width = classes.size.shape
     slots = torch.arange(width, device=batch.device)
@@ -103,9 +104,3 @@ def trie_nodes(batch: RolloutBatch, prefixes: SortedPrefixes, min_group: int) ->
         root_value=root_values(batch),
     )
 
-
-def _ascending_used_first(positions: torch.Tensor) -> torch.Tensor:
-    """``positions [G, B]`` sorted ascending with the unused entries (``<= 0``) last, as ``-1``."""
-    unused = torch.iinfo(torch.int64).max
-    ordered = torch.where(positions > 0, positions, unused).sort(dim=1).values
-    return torch.where(ordered == unused, -1, ordered)
