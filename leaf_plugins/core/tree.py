@@ -6,14 +6,30 @@ from dataclasses import dataclass
 from functools import cached_property
 import torch
 
-__all__ = ["Boundaries", "Nodes", "Node", "EstimateResult"]
+__all__ = ["Boundaries", "Nodes", "Node", "EstimateResult", "ascending_used_first"]
+
+
+def ascending_used_first(positions: torch.Tensor) -> torch.Tensor:
+    """``positions [G, B]`` sorted ascending with the unused entries (``<= 0``) last, as ``-1``."""
+    unused = torch.iinfo(torch.int64).max
+    ordered = torch.where(positions > 0, positions, unused).sort(dim=1).values
+    return torch.where(ordered == unused, -1, ordered)
 
 
 @dataclass(frozen=True)
 class Boundaries:
-    """The selected prefix boundaries of every group."""
+    """The selected prefix boundaries of every group.
+
+    Built from ``[G, B]`` positions in any order, where entries ``<= 0`` are unused; it
+    keeps them ascending per group with the unused entries last, as ``-1``, which is
+    the form every node-retention stage reads.
+    """
 
     positions: torch.Tensor  # [G, B] int64, ascending per row, -1 where unused
+
+    def __post_init__(self) -> None:
+        if self.positions.numel():
+            object.__setattr__(self, "positions", ascending_used_first(self.positions))
 
     @classmethod
     def empty(cls, groups: int, device: torch.device) -> "Boundaries":

@@ -7,7 +7,7 @@ import torch
 from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.estimators.group_stats import group_extreme
 
-__all__ = ["separation", "shortest_lengths", "greedy_boundaries", "ascending_used_first"]
+__all__ = ["separation", "shortest_lengths", "greedy_boundaries"]
 
 
 def shortest_lengths(batch: RolloutBatch) -> torch.Tensor:
@@ -31,24 +31,18 @@ def greedy_boundaries(score: torch.Tensor, gap: torch.Tensor, budget: int) -> to
     :param score: ``[G, T]`` float score per position, ``-inf`` where a position may not
         be chosen. Overwritten.
     :param gap: ``[G]`` int64 separation Δ per group.
-    :return: ``[G, budget]`` int64 accepted positions, ascending, ``-1`` where unused.
+    :return: ``[G, budget]`` int64 accepted positions in the order accepted, ``0`` where
+        unused (the form ``Boundaries`` takes and sorts).
     """
     groups, width = score.shape
     if width == 0 or budget == 0:
-        return torch.full((groups, budget), -1, dtype=torch.int64, device=score.device)
+        return torch.zeros((groups, budget), dtype=torch.int64, device=score.device)
     score[:, 0] = -torch.inf  # boundaries start at t = 1; a round with nothing left picks 0
     positions = torch.arange(width, device=score.device)  # [T]
     gap = gap.unsqueeze(1)  # [G, 1]
-    picks = []
-    for _ in range(budget):
-        best = score.max(dim=1, keepdim=True).indices  # [G, 1]: the first maximum
-        picks.append(best)
-        score.masked_fill_((positions - best).abs_() < gap, -torch.inf)
-    return ascending_used_first(torch.cat(picks, dim=1))  # picks: 0 where unused
+    picks = [score.max(dim=1, keepdim=True).indices]  # [G, 1] each: the first maximum
+    for _ in range(budget - 1):  # exclude around the last pick, pick again
+        score.masked_fill_((positions - picks[-1]).abs_() < gap, -torch.inf)
+        picks.append(score.max(dim=1, keepdim=True).indices)
+    return torch.cat(picks, dim=1)
 
-
-def ascending_used_first(positions: torch.Tensor) -> torch.Tensor:
-    """``positions [G, B]`` sorted ascending with the unused entries (``<= 0``) last, as ``-1``."""
-    unused = torch.iinfo(torch.int64).max
-    ordered = torch.where(positions > 0, positions, unused).sort(dim=1).values
-    return torch.where(ordered == unused, -1, ordered)

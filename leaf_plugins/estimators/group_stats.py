@@ -6,11 +6,13 @@ a ``[G, K, ...]`` view; other layouts scatter by group number.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from leaf_plugins.core.batch import GroupLayout, RolloutBatch
 
-__all__ = ["group_sum", "group_mean", "group_std", "group_extreme", "per_response", "root_values"]
+__all__ = ["group_sum", "group_total", "group_mean", "group_std", "group_extreme", "per_response", "root_values"]
 
 
 def group_sum(values: torch.Tensor, layout: GroupLayout) -> torch.Tensor:
@@ -19,6 +21,14 @@ def group_sum(values: torch.Tensor, layout: GroupLayout) -> torch.Tensor:
         return values.unflatten(0, (layout.count, layout.uniform_size)).sum(dim=1)
     out = torch.zeros((layout.count,) + values.shape[1:], dtype=values.dtype, device=values.device)
     return out.index_add_(0, layout.index, values)
+
+
+def group_total(values: torch.Tensor, layout: GroupLayout) -> torch.Tensor:
+    """Sum of ``values [N, ...]`` over each group's responses and all other dimensions
+    -> ``[G]``."""
+    if layout.uniform_size:
+        return values.reshape(layout.count, layout.uniform_size * math.prod(values.shape[1:])).sum(dim=1)
+    return group_sum(values.reshape(values.shape[0], math.prod(values.shape[1:])).sum(dim=1), layout)
 
 
 def group_mean(values: torch.Tensor, layout: GroupLayout) -> torch.Tensor:

@@ -37,7 +37,8 @@ class LEAF:
 
 @torch.inference_mode()
 def surprisal_boundaries(batch: RolloutBatch, budget: int, horizon: str) -> torch.Tensor:
-    """``[G, B]`` LEAF boundaries (spec, step 1).
+    """``[G, B]`` LEAF boundaries (spec, step 1), in the order the scan accepts them,
+    ``0`` where unused (``Boundaries`` sorts them).
 
     A position's score is the largest surprisal any response of the group has there:
     the scan meets a position first through that candidate, and every later candidate at

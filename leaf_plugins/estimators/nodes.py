@@ -6,7 +6,6 @@ import torch
 
 from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.core.tree import Nodes
-from leaf_plugins.estimators.boundary_scan import ascending_used_first
 from leaf_plugins.estimators.group_stats import root_values
 from leaf_plugins.estimators.prefix_classes import PrefixClasses
 from leaf_plugins.estimators.prefixes import SortedPrefixes, range_minima
@@ -19,9 +18,9 @@ def boundary_nodes(batch: RolloutBatch, positions: torch.Tensor, min_group: int)
     """Group responses by exact prefix at each selected boundary; groups of at least
     ``min_group`` members become nodes (spec, LEAF step 2).
 
-    :param positions: ``[G, B]`` selected boundaries per group, ``-1`` where unused.
+    :param positions: ``[G, B]`` selected boundaries per group, ascending, ``-1`` where
+        unused (``Boundaries.positions``).
     """
-    positions = ascending_used_first(positions)  # [G, B]
     classes = PrefixClasses.at_boundaries(batch, positions)
     groups, budget, width = classes.size.shape
     slots = torch.arange(width, device=batch.device)

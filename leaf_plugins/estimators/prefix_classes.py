@@ -101,11 +101,13 @@ class PrefixClasses:
 
 def _hashes_at(hashes: torch.Tensor, batch: RolloutBatch, positions: torch.Tensor) -> torch.Tensor:
     """``[G, B, K]`` hash of every slot's first ``p`` tokens, from the running ``hashes
-    [N, R]`` (anything at unused boundaries and padding slots)."""
+    [N, R]``, a contiguous tensor (anything at unused boundaries and padding slots)."""
     members = batch.groups.members.clamp(min=0)  # [G, K]
-    if hashes.shape[1] == 0:  # empty responses only
+    width = hashes.shape[1]
+    if width == 0:  # empty responses only
         return torch.zeros(positions.shape + members.shape[1:], dtype=hashes.dtype, device=batch.device)
-    return hashes[members.unsqueeze(1), (positions - 1).clamp(min=0, max=hashes.shape[1] - 1).unsqueeze(2)]
+    column = (positions - 1).clamp_(min=0, max=width - 1)  # [G, B]
+    return hashes.take((members * width).unsqueeze(1) + column.unsqueeze(2))  # [G, B, K]
 
 
 def _exact_keys(batch: RolloutBatch, positions: torch.Tensor) -> torch.Tensor:

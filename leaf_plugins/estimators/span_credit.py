@@ -14,7 +14,7 @@ import torch
 from leaf_plugins.core.batch import GroupLayout, RolloutBatch
 from leaf_plugins.core.params import EstimatorParams
 from leaf_plugins.core.tree import Nodes
-from leaf_plugins.estimators.group_stats import group_sum, per_response
+from leaf_plugins.estimators.group_stats import group_total, per_response
 from leaf_plugins.estimators.painting import paint_segments
 
 __all__ = ["span_advantages", "STD_FLOOR"]
@@ -35,38 +35,37 @@ def _segment_table(batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) -
     """Normalised segment values (float32) and sizes ``[N, D+2]`` whose sizes add up to
     ``T`` per row: the segments of the response, then the padding ``[H_i, T)`` as a zero
     segment."""
-    values, starts = _segments(batch, nodes, params.terms)  # [N, D+1] each
-    lengths = batch.lengths.unsqueeze(1)  # [N, 1]
-    sizes = torch.diff(torch.cat([starts, lengths, torch.full_like(lengths, batch.width)], dim=1), dim=1)  # [N, D+2]
+    values, bounds = _segments(batch, nodes, params.terms)  # [N, D+1], [N, D+2]
+    sizes = torch.diff(bounds, dim=1, append=torch.full_like(bounds[:, :1], batch.width))  # [N, D+2]
     values = _normalise(values, sizes[:, :-1], batch, params.normalize)
     return torch.cat([values, torch.zeros_like(values[:, :1])], dim=1).float(), sizes
 
 
 def _segments(batch: RolloutBatch, nodes: Nodes, terms: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Raw value ``[N, D+1]`` float64 and start position ``[N, D+1]`` of each segment.
+    """Raw value ``[N, D+1]`` float64 of each segment and their bounds ``[N, D+2]``:
+    segment ``j`` covers ``[bounds[j], bounds[j+1])``.
 
-    Segment ``j < q`` is the span ending at the ``(j+1)``-th node of the path, segment
-    ``q`` the tail; later segments are empty (they start at ``H_i``).
+    Past its last node ``v_q`` a path goes on through *leaves*: at ``H_i``, with value
+    ``r_i`` and one member. The span ending at the first leaf is then the tail, with the
+    tail's value, and the spans between leaves are empty.
     """
+    path = nodes.path if nodes.count else nodes.path[:, :0]  # [N, D]
+    on_path = path >= 0
+    node = path.clamp(min=0)
     lengths = batch.lengths.unsqueeze(1)  # [N, 1]
     rewards = batch.rewards.double().unsqueeze(1)  # [N, 1]
     root = per_response(nodes.root_value.double(), batch.groups).unsqueeze(1)  # [N, 1]
-    depth = (nodes.path >= 0).sum(dim=1, keepdim=True)  # [N, 1]: q
-    deepest = int(depth.max()) if batch.size else 0  # paths end in -1: later columns are empty
-    node = nodes.path[:, :deepest].clamp(min=0)  # [N, D']
-    chain = torch.cat([root, nodes.value.double().take(node)], dim=1)  # [N, D'+1]: V(v_0), V(v_1), …
-    value, parent, last = chain[:, 1:], chain[:, :-1], chain.gather(1, depth)  # last: V(v_q)
+    chain = torch.cat([root, torch.where(on_path, nodes.value.double().take(node), rewards), rewards], dim=1)  # [N, D+2]
+    child, parent = chain[:, 1:], chain[:, :-1]  # V(v_j), V(v_{j-1}) for j = 1 … D+1
     if terms == "global":
-        span, tail = value - root, rewards - root
+        credit = child - root
     elif terms == "local":
-        span, tail = value - parent, rewards - last
+        credit = child - parent
     else:
-        span, tail = 2 * value - root - parent, 2 * rewards - root - last
-    segment = torch.arange(deepest + 1, device=batch.device)
-    values = torch.cat([span * nodes.size.take(node).double().rsqrt_(), tail], dim=1)  # [N, D'+1]
-    values = torch.where(segment < depth, values, tail)
-    starts = torch.cat([torch.zeros_like(lengths), nodes.position.take(node)], dim=1)  # [N, D'+1]
-    return values, torch.where(segment <= depth, starts, lengths).clamp_(max=lengths)
+        credit = 2 * child - root - parent
+    members = torch.nn.functional.pad(torch.where(on_path, nodes.size.take(node), 1), (0, 1), value=1)  # [N, D+1]
+    bounds = torch.cat([torch.zeros_like(lengths), torch.where(on_path, nodes.position.take(node), lengths), lengths], dim=1)
+    return credit * members.double().rsqrt_(), bounds.clamp_(max=lengths)
 
 
 def _normalise(values: torch.Tensor, sizes: torch.Tensor, batch: RolloutBatch, how: str) -> torch.Tensor:
@@ -80,8 +79,8 @@ def _normalise(values: torch.Tensor, sizes: torch.Tensor, batch: RolloutBatch, h
         return values
     weights = (sizes > 0).double() if how == "span" else sizes.double()  # [N, S]
     layout = GroupLayout.whole(batch.size, batch.device) if how == "batch" else batch.groups
-    count, weighted = group_sum(torch.stack([weights.sum(dim=1), (values * weights).sum(dim=1)], dim=1), layout).unbind(1)
-    centred = values - per_response(weighted / count.clamp(min=1), layout).unsqueeze(1)  # [N, S]
-    square = group_sum((centred * centred * weights).sum(dim=1), layout)  # [G]
-    std = (square / (count - 1).clamp(min=1)).sqrt_().masked_fill_(count <= 1, 0.0)
-    return centred / per_response(std.clamp_(min=STD_FLOOR), layout).unsqueeze(1)
+    count = group_total(weights, layout)  # [G]
+    centred = values - per_response(group_total(values * weights, layout) / count.clamp(min=1), layout).unsqueeze(1)
+    square = group_total(centred * centred * weights, layout)  # [G]
+    std = (square / (count - 1).clamp(min=1)).sqrt_()  # a lone segment is its mean: square is 0
+    return centred / per_response(std.clamp_(min=STD_FLOOR), layout).unsqueeze(1)  # [N, S]

@@ -1,0 +1,58 @@
+"""Row comparisons behind the exact prefix proofs, against plain Python."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from leaf_plugins.estimators.prefixes import first_difference
+
+
+def first_difference_by_hand(upper: list[list[int]], lower: list[list[int]]) -> list[int]:
+    """The first column where each pair of rows differs, the width if none."""
+    found = []
+    for a, b in zip(upper, lower):
+        found.append(next((column for column, (x, y) in enumerate(zip(a, b)) if x != y), len(a)))
+    return found
+
+
+@st.composite
+def row_pairs(draw):
+    """Pairs of equal-width rows that agree on a random prefix, with small values so that
+    the rest of the row often agrees by chance too."""
+    rows = draw(st.integers(0, 6))
+    width = draw(st.integers(0, 40))
+    upper, lower = [], []
+    for _ in range(rows):
+        a = draw(st.lists(st.integers(-3, 3), min_size=width, max_size=width))
+        shared = draw(st.integers(0, width))
+        tail = draw(st.lists(st.integers(-3, 3), min_size=width - shared, max_size=width - shared))
+        upper.append(a)
+        lower.append(a[:shared] + tail)
+    return upper, lower, width
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@given(case=row_pairs())
+@settings(max_examples=150, deadline=None)
+def test_first_difference_matches_python(dtype, case):
+    upper, lower, width = case
+    shape = (len(upper), width)
+    found = first_difference(torch.tensor(upper, dtype=dtype).view(shape), torch.tensor(lower, dtype=dtype).view(shape))
+    assert found.dtype == torch.int64
+    assert found.tolist() == first_difference_by_hand(upper, lower)
+
+
+def test_first_difference_on_rows_wider_than_int16_counts():
+    """Past 32,767 columns the column countdown needs 32 bits; extreme values differ in
+    every bit pattern a xor can produce."""
+    width = 40_000
+    upper = torch.zeros(4, width, dtype=torch.int64)
+    lower = upper.clone()
+    lower[0, 0] = 1  # first column
+    lower[1, width - 1] = torch.iinfo(torch.int64).min  # last column, sign bit only
+    lower[2, 32_768] = -1  # just past the int16 range
+    # row 3 equal throughout
+    assert first_difference(upper, lower).tolist() == [0, width - 1, 32_768, width]
