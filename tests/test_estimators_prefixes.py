@@ -56,3 +56,23 @@ def test_first_difference_on_rows_wider_than_int16_counts():
     lower[2, 32_768] = -1  # just past the int16 range
     # row 3 equal throughout
     assert first_difference(upper, lower).tolist() == [0, width - 1, 32_768, width]
+
+
+@pytest.mark.parametrize("width", [1, 2, 17, 63, 64, 65, 1024, 4095, 4096])
+def test_hash_lcp_search_finds_the_longest_common_prefix(width):
+    """The binary search over running hashes returns each pair's LCP (rows that share a
+    random prefix, identical rows, rows that differ at once), at widths around powers of
+    two, where the search takes one round more or less."""
+    from leaf_plugins.estimators.prefixes import _hash_lcp, running_hashes
+
+    generator = torch.Generator().manual_seed(width)
+    rows = 12
+    trunk = torch.randint(0, 5, (width,), generator=generator)
+    shared = torch.randint(0, width + 1, (rows,), generator=generator)
+    shared[0] = shared[1] = width  # two identical rows
+    shared[2] = 0
+    tokens = torch.where(torch.arange(width) < shared.unsqueeze(1), trunk, torch.randint(5, 9, (rows, width), generator=generator))
+    left, right = torch.triu_indices(rows, rows, 1)  # every pair
+    found = _hash_lcp(running_hashes(tokens), left.view(2, -1), right.view(2, -1))
+    expected = first_difference_by_hand(tokens[left].tolist(), tokens[right].tolist())
+    assert found.view(-1).tolist() == expected
