@@ -76,3 +76,54 @@ def test_hash_lcp_search_finds_the_longest_common_prefix(width):
     found = _hash_lcp(running_hashes(tokens), left.view(2, -1), right.view(2, -1))
     expected = first_difference_by_hand(tokens[left].tolist(), tokens[right].tolist())
     assert found.view(-1).tolist() == expected
+
+
+def _classes_at(tokens: list[list[int]], position: int):
+    """Prefix classes of one group at one boundary."""
+    import leaf_plugins as lp
+    from leaf_plugins.estimators.prefix_classes import PrefixClasses
+
+    batch = lp.RolloutBatch.from_lists(tokens, [0.0] * len(tokens), [0] * len(tokens))
+    return PrefixClasses.at_boundaries(batch, torch.tensor([[position]]))
+
+
+@pytest.mark.parametrize("position", [1, 2, 3, 4, 5, 6, 7])
+@pytest.mark.parametrize("width", [8, 9])
+def test_proof_on_column_pairs_accepts_members_that_part_right_at_the_boundary(position, width, monkeypatch):
+    """Rows that share exactly their first ``p`` tokens are one class at ``p`` without the
+    exact sort, at odd and even ``p`` and row widths (the proof compares int32 hashes as
+    int64 column pairs, and a pair may straddle the boundary)."""
+    from leaf_plugins.estimators import prefixes
+
+    def refused(cls, batch):
+        raise AssertionError("the proof failed on classes that are exact")
+
+    monkeypatch.setattr(prefixes.SortedPrefixes, "lexicographic_exact", classmethod(refused))
+    trunk = [3, 1, 4, 1, 5, 9, 2, 6, 5][:position]
+    tokens = [trunk + [7 + row] * (width - position) for row in range(4)]
+    classes = _classes_at(tokens, position)
+    assert classes.size.view(-1).tolist() == [4, 4, 4, 4]
+    assert classes.first.view(-1).tolist() == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("position", [2, 3, 4, 5])
+def test_proof_on_column_pairs_rejects_a_collision_just_before_the_boundary(position, monkeypatch):
+    """With every multiplier 1 a hash is a token sum: rows whose tokens at ``p - 2`` and
+    ``p - 1`` are swapped hash alike at ``p``. The proof must fail and the exact sort
+    must split them, whatever the parity of ``p``."""
+    from leaf_plugins.estimators import prefixes
+
+    exact_sorts = []
+    exact = prefixes.SortedPrefixes.lexicographic_exact.__func__
+
+    def counted(cls, batch):
+        exact_sorts.append(batch.size)
+        return exact(cls, batch)
+
+    monkeypatch.setattr(prefixes, "_odd_multipliers", lambda width, dtype, device: torch.ones(width, dtype=dtype))
+    monkeypatch.setattr(prefixes.SortedPrefixes, "lexicographic_exact", classmethod(counted))
+    trunk = [3, 1, 4, 1, 5][: position - 2]
+    tokens = [trunk + [1, 2, 8, 8], trunk + [2, 1, 8, 8]]
+    classes = _classes_at(tokens, position)
+    assert exact_sorts, "the colliding hashes were never caught"
+    assert classes.size.view(-1).tolist() == [1, 1]
