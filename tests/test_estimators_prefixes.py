@@ -71,7 +71,8 @@ def test_hash_lcp_search_finds_the_longest_common_prefix(width):
     shared = torch.randint(0, width + 1, (rows,), generator=generator)
     shared[0] = shared[1] = width  # two identical rows
     shared[2] = 0
-    tokens = torch.where(torch.arange(width) < shared.unsqueeze(1), trunk, torch.randint(5, 9, (rows, width), generator=generator))
+    fresh = torch.randint(5, 9, (rows, width), generator=generator)
+    tokens = torch.where(torch.arange(width) < shared.unsqueeze(1), trunk, fresh)
     left, right = torch.triu_indices(rows, rows, 1)  # every pair
     found = _hash_lcp(running_hashes(tokens), left.view(2, -1), right.view(2, -1))
     expected = first_difference_by_hand(tokens[left].tolist(), tokens[right].tolist())

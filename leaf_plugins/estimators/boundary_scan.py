@@ -45,4 +45,3 @@ def greedy_boundaries(score: torch.Tensor, gap: torch.Tensor, budget: int) -> to
         score.masked_fill_((positions - picks[-1]).abs_() < gap, -torch.inf)
         picks.append(score.max(dim=1, keepdim=True).indices)
     return torch.cat(picks, dim=1)
-

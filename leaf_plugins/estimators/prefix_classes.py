@@ -110,13 +110,14 @@ class PrefixClasses:
         else:
             real = members >= 0
             left, right, depth = rows.index_select(0, members[real]), rows.index_select(0, partner[real]), depth[real]
-        last_compared = first_difference(left, right) * columns + (columns - 1)  # [M]: last column of the first differing unit
+        # [M]: the last column of the first unit (column or pair) that differs
+        last_compared = first_difference(left, right) * columns + (columns - 1)
         return not bool((last_compared < depth).any())
 
 
 def _hashes_at(hashes: torch.Tensor, batch: RolloutBatch, positions: torch.Tensor) -> torch.Tensor:
     """``[G, B, K]`` hash of every slot's first ``p`` tokens, from the running ``hashes
-    [N, R]``, a contiguous tensor (anything at unused boundaries and padding slots)."""
+    [N, W]``, a contiguous tensor (anything at unused boundaries and padding slots)."""
     members = batch.groups.members.clamp(min=0)  # [G, K]
     width = hashes.shape[1]
     if width == 0:  # empty responses only

@@ -49,13 +49,14 @@ def _segments(batch: RolloutBatch, nodes: Nodes, terms: str) -> tuple[torch.Tens
     ``r_i`` and one member. The span ending at the first leaf is then the tail, with the
     tail's value, and the spans between leaves are empty.
     """
-    path = nodes.path if nodes.count else nodes.path[:, :0]  # [N, D]
+    path = nodes.path if nodes.count else nodes.path[:, :0]  # [N, D]; no node: nothing to look up
     on_path = path >= 0
-    node = path.clamp(min=0)
+    node = path.clamp(min=0)  # [N, D]
     lengths = batch.lengths.unsqueeze(1)  # [N, 1]
     rewards = batch.rewards.double().unsqueeze(1)  # [N, 1]
     root = per_response(nodes.root_value.double(), batch.groups).unsqueeze(1)  # [N, 1]
-    chain = torch.cat([root, torch.where(on_path, nodes.value.double().take(node), rewards), rewards], dim=1)  # [N, D+2]
+    value = torch.where(on_path, nodes.value.double().take(node), rewards)  # [N, D]: a leaf's value is r_i
+    chain = torch.cat([root, value, rewards], dim=1)  # [N, D+2]: V(v_0), V(v_1), …, then leaves
     child, parent = chain[:, 1:], chain[:, :-1]  # V(v_j), V(v_{j-1}) for j = 1 … D+1
     if terms == "global":
         credit = child - root
@@ -64,7 +65,8 @@ def _segments(batch: RolloutBatch, nodes: Nodes, terms: str) -> tuple[torch.Tens
     else:
         credit = 2 * child - root - parent
     members = torch.nn.functional.pad(torch.where(on_path, nodes.size.take(node), 1), (0, 1), value=1)  # [N, D+1]
-    bounds = torch.cat([torch.zeros_like(lengths), torch.where(on_path, nodes.position.take(node), lengths), lengths], dim=1)
+    position = torch.where(on_path, nodes.position.take(node), lengths)  # [N, D]: a leaf sits at H_i
+    bounds = torch.cat([torch.zeros_like(lengths), position, lengths], dim=1)  # [N, D+2]
     return credit * members.double().rsqrt_(), bounds.clamp_(max=lengths)
 
 
