@@ -47,3 +47,14 @@ def test_mismatched_lengths_are_refused():
     with pytest.raises(ValueError, match="as many predictions as references"):
         bleu_statistics(PREDICTIONS[:2], REFERENCES)
     assert torch.is_tensor(bleu_statistics(PREDICTIONS[:1], REFERENCES[:1]))
+
+
+def test_per_item_statistics_do_not_flood_the_log(caplog):
+    """sacrebleu logs an advice per sentence-level score; the per-item statistics of a
+    corpus must not log it once per item (it filled the main job's output)."""
+    import logging
+
+    with caplog.at_level(logging.INFO):
+        bleu_statistics(["the cat sat", "a dog"], ["the cat sat down", "a dog ran"])
+    assert not [record for record in caplog.records if "effective_order" in record.getMessage()]
+    assert logging.getLogger("sacrebleu").level == logging.NOTSET  # restored

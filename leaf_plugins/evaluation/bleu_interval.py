@@ -8,7 +8,7 @@ resamples the same items for two systems and gives the interval of their differe
 
 from __future__ import annotations
 
-import warnings
+import logging
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -41,11 +41,17 @@ def bleu_statistics(predictions: Sequence[str], references: Sequence[str], lower
         raise ValueError(f"need as many predictions as references (got {len(predictions)} and {len(references)})")
     metric = BLEU(lowercase=lowercase)
     rows = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # sacrebleu's advice about effective order: the sums are what count
+    # sacrebleu logs its advice to use effective order once per item; here only the
+    # summed statistics count, so the advice is silenced for the loop
+    log = logging.getLogger("sacrebleu")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
         for prediction, reference in zip(predictions, references):
             score = metric.sentence_score(prediction, [reference])
             rows.append([*score.counts, *score.totals, score.sys_len, score.ref_len])
+    finally:
+        log.setLevel(level)
     return torch.tensor(rows, dtype=torch.float64)
 
 
