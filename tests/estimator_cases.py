@@ -103,3 +103,31 @@ def assert_matches_reference(groups, estimator: str, params: dict, shuffle_seed:
         assert [n[:2] for n in actual_nodes] == [n[:2] for n in expected_nodes], (estimator, params, g)
         for (_, _, got_value), (_, _, want_value) in zip(actual_nodes, expected_nodes):
             assert abs(got_value - want_value) < 1e-5
+
+
+def refuse_exact_sort(monkeypatch, message: str) -> None:
+    """Make the exact lexicographic sort (the fallback after a failed hash proof) raise
+    ``AssertionError(message)``: the hashes alone must decide."""
+    from leaf_plugins.estimators import prefixes
+
+    def refused(cls, batch):
+        raise AssertionError(message)
+
+    monkeypatch.setattr(prefixes.SortedPrefixes, "lexicographic_exact", classmethod(refused))
+
+
+def collide_hashes_and_count_exact_sorts(monkeypatch) -> list[int]:
+    """Set every hash multiplier to 1 (a prefix then hashes to its token sum, so [1, 2]
+    and [2, 1] collide) and record the batch size of every exact sort that follows."""
+    from leaf_plugins.estimators import prefixes
+
+    exact_sorts: list[int] = []
+    exact = prefixes.SortedPrefixes.lexicographic_exact.__func__
+
+    def counted(cls, batch):
+        exact_sorts.append(batch.size)
+        return exact(cls, batch)
+
+    monkeypatch.setattr(prefixes, "_odd_multipliers", lambda width, dtype, device: torch.ones(width, dtype=dtype))
+    monkeypatch.setattr(prefixes.SortedPrefixes, "lexicographic_exact", classmethod(counted))
+    return exact_sorts

@@ -7,6 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from estimator_cases import collide_hashes_and_count_exact_sorts, refuse_exact_sort
 from leaf_plugins.estimators.prefixes import first_difference
 
 
@@ -46,8 +47,8 @@ def test_first_difference_matches_python(dtype, case):
 
 
 def test_first_difference_on_rows_wider_than_int16_counts():
-    """Past 32,767 columns the column countdown needs 32 bits; extreme values differ in
-    every bit pattern a xor can produce."""
+    """Rows wider than 32,767 columns, differing at the first column, past the int16
+    range, or at the last column in the sign bit only."""
     width = 40_000
     upper = torch.zeros(4, width, dtype=torch.int64)
     lower = upper.clone()
@@ -94,12 +95,7 @@ def test_proof_on_column_pairs_accepts_members_that_part_right_at_the_boundary(p
     """Rows that share exactly their first ``p`` tokens are one class at ``p`` without the
     exact sort, at odd and even ``p`` and row widths (the proof compares int32 hashes as
     int64 column pairs, and a pair may straddle the boundary)."""
-    from leaf_plugins.estimators import prefixes
-
-    def refused(cls, batch):
-        raise AssertionError("the proof failed on classes that are exact")
-
-    monkeypatch.setattr(prefixes.SortedPrefixes, "lexicographic_exact", classmethod(refused))
+    refuse_exact_sort(monkeypatch, "the proof failed on classes that are exact")
     trunk = [3, 1, 4, 1, 5, 9, 2, 6, 5][:position]
     tokens = [trunk + [7 + row] * (width - position) for row in range(4)]
     classes = _classes_at(tokens, position)
@@ -112,17 +108,7 @@ def test_proof_on_column_pairs_rejects_a_collision_just_before_the_boundary(posi
     """With every multiplier 1 a hash is a token sum: rows whose tokens at ``p - 2`` and
     ``p - 1`` are swapped hash alike at ``p``. The proof must fail and the exact sort
     must split them, whatever the parity of ``p``."""
-    from leaf_plugins.estimators import prefixes
-
-    exact_sorts = []
-    exact = prefixes.SortedPrefixes.lexicographic_exact.__func__
-
-    def counted(cls, batch):
-        exact_sorts.append(batch.size)
-        return exact(cls, batch)
-
-    monkeypatch.setattr(prefixes, "_odd_multipliers", lambda width, dtype, device: torch.ones(width, dtype=dtype))
-    monkeypatch.setattr(prefixes.SortedPrefixes, "lexicographic_exact", classmethod(counted))
+    exact_sorts = collide_hashes_and_count_exact_sorts(monkeypatch)
     trunk = [3, 1, 4, 1, 5][: position - 2]
     tokens = [trunk + [1, 2, 8, 8], trunk + [2, 1, 8, 8]]
     classes = _classes_at(tokens, position)

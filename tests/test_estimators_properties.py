@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import leaf_plugins as lp
-from estimator_cases import PARAMETER_GRID, assert_matches_reference, group_seeds, random_groups, to_batch
+from estimator_cases import (PARAMETER_GRID, assert_matches_reference, collide_hashes_and_count_exact_sorts, group_seeds,
+                             random_groups, refuse_exact_sort, to_batch)
 from reference_estimators import Response
 
 ESTIMATORS = ["grpo", "leaf", "collision", "full_tree"]
@@ -144,12 +145,7 @@ def test_collision_is_shallower_than_leaf_on_boilerplate_openings():
 def test_long_responses_without_the_exact_sort(estimator, monkeypatch):
     """Long rows with long shared prefixes: exact, and decided by the hashes alone (the
     exact sort is only for collisions)."""
-    from leaf_plugins.estimators import prefixes
-
-    def refused(cls, batch):
-        raise AssertionError("the hashes failed their exact check without a collision")
-
-    monkeypatch.setattr(prefixes.SortedPrefixes, "lexicographic_exact", classmethod(refused))
+    refuse_exact_sort(monkeypatch, "the hashes failed their exact check without a collision")
     for seed in range(12):
         groups = random_groups(seed, max_groups=3, max_k=6, max_len=150, vocab=2 + seed % 3)
         assert_matches_reference(groups, estimator, {"normalize": "none"} if seed % 2 else {})
@@ -169,17 +165,7 @@ def test_token_ids_beyond_31_bits(estimator):
 def test_exact_when_prefix_hashes_collide(estimator, monkeypatch):
     """With every hash multiplier 1 a prefix hashes to its token sum, so [1, 2] and
     [2, 1] collide: the exact check must catch that and fall back to an exact sort."""
-    from leaf_plugins.estimators import prefixes
-
-    exact_sorts = []
-    exact = prefixes.SortedPrefixes.lexicographic_exact.__func__
-
-    def counted(cls, batch):
-        exact_sorts.append(batch.size)
-        return exact(cls, batch)
-
-    monkeypatch.setattr(prefixes, "_odd_multipliers", lambda width, dtype, device: torch.ones(width, dtype=dtype))
-    monkeypatch.setattr(prefixes.SortedPrefixes, "lexicographic_exact", classmethod(counted))
+    exact_sorts = collide_hashes_and_count_exact_sorts(monkeypatch)
     swapped = [[Response([1, 2, 0, 1], 1.0, [0.1, 0.1, 3.0, 0.1]), Response([2, 1, 0, 0], 0.0, [0.1, 0.1, 3.0, 0.1]),
                 Response([2, 1, 0, 2], 0.5, [0.1, 0.1, 3.0, 0.1])]]
     for groups in [swapped] + [random_groups(seed) for seed in range(30)]:
