@@ -8,10 +8,13 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["RolloutBatch", "GroupLayout"]
+__all__ = ["RolloutBatch", "GroupLayout", "PER_TOKEN_FIELDS"]
 
 PAD_TOKEN = -1
 """Token id stored at padding positions. Real token ids are non-negative."""
+
+PER_TOKEN_FIELDS = ("surprisal", "logprobs", "sum_pi_squared")
+"""The optional per-token float fields of a batch, ``[N, T]`` each, 0 on padding."""
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,7 @@ class RolloutBatch:
     """A padded batch of sampled responses with their rewards.
 
     Token positions ``t >= lengths[i]`` are padding: ``tokens`` holds ``-1`` there and
-    ``surprisal``/``logprobs`` hold 0. Responses of one prompt share a group id; groups
+    ``surprisal``/``logprobs``/``sum_pi_squared`` hold 0. Responses of one prompt share a group id; groups
     may differ in size. All tensors live on one device. ``vocab_size``, when the producer
     knows it, spares the estimators a scan for the largest token id.
     """
@@ -73,6 +76,7 @@ class RolloutBatch:
     rewards: torch.Tensor  # [N] float32
     surprisal: torch.Tensor | None = None  # [N, T] float32: -log pi_old(a_t | x, y_<t)
     logprobs: torch.Tensor | None = None  # [N, T] float32: log pi_old(a_t | x, y_<t)
+    sum_pi_squared: torch.Tensor | None = None  # [N, T] float32: sum_v pi_old(v | x, y_<t)^2 (policy distribution)
     vocab_size: int | None = None  # optional bound: every token id is < vocab_size
     _layout: GroupLayout | None = field(default=None, repr=False, compare=False)
 
@@ -89,7 +93,7 @@ class RolloutBatch:
             value = getattr(self, name)
             if value.shape != (n,):
                 raise ValueError(f"{name} must be [N]=[{n}], got shape {tuple(value.shape)}")
-        for name in ("surprisal", "logprobs"):
+        for name in PER_TOKEN_FIELDS:
             value = getattr(self, name)
             if value is not None and value.shape != (n, t):
                 raise ValueError(f"{name} must be [N, T]=[{n}, {t}], got {tuple(value.shape)}")
@@ -105,11 +109,15 @@ class RolloutBatch:
         group_ids: Sequence[int],
         surprisal: Sequence[Sequence[float]] | None = None,
         logprobs: Sequence[Sequence[float]] | None = None,
+        sum_pi_squared: Sequence[Sequence[float]] | None = None,
         device: torch.device | str | None = None,
     ) -> "RolloutBatch":
         """Build a batch from ragged Python lists (one list of token ids per response).
 
-        ``surprisal`` and ``logprobs``, when given, must have one value per token.
+        ``surprisal``, ``logprobs`` and ``sum_pi_squared``, when given, must have one
+        value per token. ``sum_pi_squared`` is Σ_v π(v | x, y_<t)² of the policy
+        distribution the loss differentiates (verl's name; the variance-aware estimators
+        ``otb`` and ``tree_otb`` read it).
         """
         n = len(tokens)
         if not (len(rewards) == len(group_ids) == n):
@@ -133,6 +141,7 @@ class RolloutBatch:
             rewards=torch.as_tensor(list(rewards), dtype=torch.float32, device=device),
             surprisal=_pad_floats(surprisal, lengths, width, "surprisal", device),
             logprobs=_pad_floats(logprobs, lengths, width, "logprobs", device),
+            sum_pi_squared=_pad_floats(sum_pi_squared, lengths, width, "sum_pi_squared", device),
         )
 
     # ------------------------------------------------------------------ views
@@ -182,6 +191,7 @@ class RolloutBatch:
             rewards=self.rewards.to(device),
             surprisal=move(self.surprisal),
             logprobs=move(self.logprobs),
+            sum_pi_squared=move(self.sum_pi_squared),
             vocab_size=self.vocab_size,
         )
 
@@ -202,6 +212,7 @@ class RolloutBatch:
             rewards=self.rewards[rows],
             surprisal=take(self.surprisal),
             logprobs=take(self.logprobs),
+            sum_pi_squared=take(self.sum_pi_squared),
             vocab_size=self.vocab_size,
         )
 

@@ -7,7 +7,8 @@ Two distributions are involved at every sampled position:
   top-p filtered (what ``generate`` samples from);
 * the *policy* distribution: the logits divided by the temperature, without top-p.
 
-``logprobs`` (π_old in the loss ratio) are always under the policy distribution, which is
+``logprobs`` (π_old in the loss ratio) and ``sum_pi_squared`` (Σ_v π_old(v)², which the
+variance-aware estimators read) are always under the policy distribution, which is
 what ``response_logprobs`` computes for π_θ and π_ref, so the ratio is 1 before the first
 update. ``surprisal_from`` chooses the distribution of the surprisal LEAF uses to pick
 boundaries: ``"sampling"`` (the default, as the authors' code: after temperature and
@@ -33,7 +34,7 @@ SURPRISAL_SOURCES = ("sampling", "policy")
 class Rollout:
     """Sampled responses (rewards not yet scored: all 0)."""
 
-    batch: RolloutBatch  # tokens (EOS included, -1 padded), surprisal, logprobs
+    batch: RolloutBatch  # tokens (EOS included, -1 padded), surprisal, logprobs, sum_pi_squared
     prompt_index: torch.Tensor  # [N] int64: the prompt each response answers (K consecutive rows each)
     texts: list[str]  # decoded responses, special tokens skipped
 
@@ -78,7 +79,9 @@ def sample_responses(
     width = generated.shape[1]
     real = torch.arange(width, device=generated.device).unsqueeze(0) < lengths.unsqueeze(1)  # [N, T]
     policy_logits = torch.stack(output.logits, dim=1).float() / temperature  # [N, T, V]
-    logprobs = _taken(torch.log_softmax(policy_logits, dim=-1), generated)  # [N, T]
+    policy_log_probabilities = torch.log_softmax(policy_logits, dim=-1)  # [N, T, V]
+    logprobs = _taken(policy_log_probabilities, generated)  # [N, T]
+    sum_pi_squared = policy_log_probabilities.mul(2).exp_().sum(dim=-1)  # [N, T]: Σ_v π(v)²
     if surprisal_from == "sampling":
         sampling_scores = torch.stack(output.scores, dim=1).float()  # after temperature and top-p
         surprisal = -_taken(torch.log_softmax(sampling_scores, dim=-1), generated)
@@ -94,6 +97,7 @@ def sample_responses(
         rewards=torch.zeros(generated.shape[0]),
         surprisal=torch.where(real, surprisal, 0.0).cpu(),
         logprobs=torch.where(real, logprobs, 0.0).cpu(),
+        sum_pi_squared=torch.where(real, sum_pi_squared, 0.0).cpu(),
         vocab_size=policy_logits.shape[-1],  # the model may sample ids beyond len(tokenizer) (padded embeddings)
     )
     texts = tokenizer.batch_decode(torch.where(real, generated, tokenizer.pad_token_id), skip_special_tokens=True)
