@@ -16,52 +16,104 @@ from leaf_plugins.bench.credit.sampling import sample_groups
 from leaf_plugins.core.tree import Node
 
 TINY = Regime(name="tiny", horizon=5, vocab=3, decisions=(1, 3), group_size=4, peak_logit=2.0)
+TINY_EOS = [
+    Regime(name="graded", horizon=5, vocab=2, decisions=(1,), reference_length=3, reward="graded", group_size=4,
+           peak_logit=2.0, stop_logit=0.5, early_stop_logit=-0.5, right_bias=0.7),
+    Regime(name="exact", horizon=5, vocab=2, decisions=(0, 2), reference_length=3, reward="exact", group_size=4,
+           peak_logit=1.5, stop_logit=0.0, early_stop_logit=-1.0),
+    Regime(name="features", horizon=5, vocab=2, decisions=(1,), reference_length=3, reward="graded", group_size=4,
+           peak_logit=2.0, features=3, feature_similarity=0.6),
+]
+REGIMES = [TINY] + TINY_EOS
 
 
-def all_responses(regime: Regime) -> torch.Tensor:
-    return torch.tensor(list(itertools.product(range(regime.vocab), repeat=regime.horizon)))  # [V^H, H]
+def all_responses(regime: Regime) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every possible response ``[R, H]`` (-1 after the end token) and its length ``[R]``,
+    listed by walking the tree of prefixes."""
+    found: list[tuple[int, ...]] = []
+
+    def walk(prefix: tuple[int, ...]) -> None:
+        if len(prefix) == regime.horizon or (prefix and prefix[-1] == regime.end):
+            found.append(prefix)
+            return
+        for token in range(regime.actions if regime.reference_length else regime.vocab):
+            walk(prefix + (token,))
+
+    walk(())
+    tokens = torch.tensor([list(p) + [-1] * (regime.horizon - len(p)) for p in found])
+    return tokens, torch.tensor([len(p) for p in found])
 
 
-def log_likelihood(env: Environment, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+def log_likelihood(env: Environment, parameters: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """``[N]`` log π(y) by the chain rule, written out position by position."""
-    log_policy = torch.log_softmax(logits, dim=-1)
+    log_policy = torch.log_softmax(env.logits(parameters), dim=-1)
     total = torch.zeros(tokens.shape[0], dtype=torch.float64)
     previous = torch.full((tokens.shape[0],), env.start)
     for t in range(tokens.shape[1]):
-        total = total + log_policy[t, previous, tokens[:, t]]
-        previous = tokens[:, t]
+        real = tokens[:, t] >= 0
+        step = log_policy[t, previous, tokens[:, t].clamp(min=0)]
+        total = total + torch.where(real, step, 0.0)
+        previous = torch.where(real, tokens[:, t], 0)
     return total
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_expected_reward_and_gradient_match_enumeration(seed):
-    env = Environment.build(TINY, seed)
-    tokens = all_responses(TINY)
-    logits = env.logits.clone().requires_grad_(True)
-    enumerated = (log_likelihood(env, logits, tokens).exp() * env.reward(tokens)).sum()  # scalar, differentiable
-    (gradient,) = torch.autograd.grad(enumerated, logits)
+def test_every_response_is_listed_once():
+    for regime in TINY_EOS:
+        env = Environment.build(regime, 0)
+        tokens, _ = all_responses(regime)
+        assert float(log_likelihood(env, env.parameters, tokens).exp().sum()) == pytest.approx(1.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("regime", REGIMES, ids=lambda r: r.name)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_expected_reward_and_gradient_match_enumeration(regime, seed):
+    env = Environment.build(regime, seed)
+    tokens, lengths = all_responses(regime)
+    parameters = env.parameters.clone().requires_grad_(True)
+    rewards = _reward_by_hand(env, tokens, lengths)
+    enumerated = (log_likelihood(env, parameters, tokens).exp() * rewards).sum()  # scalar, differentiable
+    (gradient,) = torch.autograd.grad(enumerated, parameters)
     assert float(expected_reward(env)) == pytest.approx(enumerated.detach().item(), abs=1e-12)
     assert torch.allclose(exact_gradient(env), gradient, atol=1e-12)
 
 
+def _reward_by_hand(env: Environment, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """The reward of the module docstring, one response and one token at a time."""
+    regime = env.regime
+    rewards = []
+    for row, length in zip(tokens.tolist(), lengths.tolist()):
+        score, mistakes = 0.0, 0.0
+        for t, token in enumerate(row[:length]):
+            score += float(env.scores[t, token])
+            mistakes += float(env.mistakes[t, token])
+        rewards.append(score / env.norm * (env.penalty**mistakes if mistakes else 1.0))
+    expected = torch.tensor(rewards, dtype=torch.float64)
+    assert torch.allclose(env.reward(tokens, lengths), expected, atol=1e-12)
+    if regime.reward == "exact":  # exact match: 1 for the reference's best variants and the end at L, else 0
+        assert set(expected.unique().tolist()) == {0.0, 1.0}
+    return expected
+
+
 def test_exact_gradient_matches_finite_differences():
-    env = Environment.build(TINY, 5)
-    gradient = exact_gradient(env)
-    step = 1e-6
-    for index in [(0, 3, 1), (1, 2, 0), (3, 0, 2), (4, 1, 1)]:
-        shifted = env.logits.clone()
-        shifted[index] += step
-        up = float(expected_reward(env, shifted))
-        shifted[index] -= 2 * step
-        down = float(expected_reward(env, shifted))
-        assert gradient[index].item() == pytest.approx((up - down) / (2 * step), abs=1e-8)
+    for regime in (TINY, TINY_EOS[0]):
+        env = Environment.build(regime, 5)
+        gradient = exact_gradient(env)
+        step = 1e-6
+        for index in [(0, 2, 1), (1, 1, 0), (3, 0, 2), (4, 1, 1)]:
+            shifted = env.parameters.clone()
+            shifted[index] += step
+            up = float(expected_reward(env, shifted))
+            shifted[index] -= 2 * step
+            down = float(expected_reward(env, shifted))
+            assert gradient[index].item() == pytest.approx((up - down) / (2 * step), abs=1e-8)
 
 
-def test_true_advantages_are_q_minus_v_by_enumeration():
-    env = Environment.build(TINY, 3)
-    tokens = all_responses(TINY)
-    probability = log_likelihood(env, env.logits, tokens).exp()
-    rewards = env.reward(tokens)
+@pytest.mark.parametrize("regime", REGIMES, ids=lambda r: r.name)
+def test_true_advantages_are_q_minus_v_by_enumeration(regime):
+    env = Environment.build(regime, 3)
+    tokens, lengths = all_responses(regime)
+    probability = log_likelihood(env, env.parameters, tokens).exp()
+    rewards = env.reward(tokens, lengths)
 
     def value(prefix: tuple[int, ...]) -> float:
         """E[r | y starts with prefix], by summing over all completions."""
@@ -70,57 +122,69 @@ def test_true_advantages_are_q_minus_v_by_enumeration():
             match &= tokens[:, t] == token
         return float((probability[match] * rewards[match]).sum() / probability[match].sum())
 
-    sample = tokens[torch.randperm(len(tokens), generator=torch.Generator().manual_seed(0))[:12]]
-    advantages = true_advantages(env, sample)
-    for row, response in zip(advantages, sample.tolist()):
-        for t in range(TINY.horizon):
-            expected = value(tuple(response[: t + 1])) - value(tuple(response[:t]))
+    chosen = torch.randperm(len(tokens), generator=torch.Generator().manual_seed(0))[:12]
+    advantages = true_advantages(env, tokens[chosen], lengths[chosen])
+    for row, response, length in zip(advantages, tokens[chosen].tolist(), lengths[chosen].tolist()):
+        for t in range(regime.horizon):
+            expected = value(tuple(response[: t + 1])) - value(tuple(response[:t])) if t < length else 0.0
             assert row[t].item() == pytest.approx(expected, abs=1e-10)
 
 
-def test_group_gradient_equals_autograd_of_the_surrogate():
-    env = Environment.build(TINY, 1)
+@pytest.mark.parametrize("regime", REGIMES, ids=lambda r: r.name)
+def test_group_gradient_equals_autograd_of_the_surrogate(regime):
+    env = Environment.build(regime, 1)
     groups = sample_groups(env, 3, torch.Generator().manual_seed(1))
     advantages = torch.randn(groups.tokens.shape, generator=torch.Generator().manual_seed(2))
-    logits = env.logits.clone().requires_grad_(True)
-    log_policy = torch.log_softmax(logits, dim=-1)
-    positions = torch.arange(TINY.horizon).expand_as(groups.tokens)
-    per_token = log_policy[positions, groups.previous, groups.tokens]  # [N, H]
+    parameters = env.parameters.clone().requires_grad_(True)
+    log_policy = torch.log_softmax(env.logits(parameters), dim=-1)
+    positions = torch.arange(regime.horizon).expand_as(groups.tokens)
+    per_token = log_policy[positions, groups.previous, groups.tokens.clamp(min=0)]  # [N, H]
+    per_token = torch.where(groups.mask, per_token, 0.0)
     expected = []
     for g in range(3):
-        rows = slice(g * TINY.group_size, (g + 1) * TINY.group_size)
-        surrogate = (advantages[rows].double() * per_token[rows]).sum() / TINY.group_size
-        (gradient,) = torch.autograd.grad(surrogate, logits, retain_graph=True)
+        rows = slice(g * regime.group_size, (g + 1) * regime.group_size)
+        surrogate = (advantages[rows].double() * per_token[rows]).sum() / regime.group_size
+        (gradient,) = torch.autograd.grad(surrogate, parameters, retain_graph=True)
         expected.append(gradient.reshape(-1))
     assert torch.allclose(group_gradients(env, groups, advantages), torch.stack(expected), atol=1e-12)
 
 
-def test_unbiased_advantages_average_to_the_exact_gradient():
+@pytest.mark.parametrize("regime", REGIMES, ids=lambda r: r.name)
+def test_unbiased_advantages_average_to_the_exact_gradient(regime):
     """With A = Q - V, or with the exact baseline A = r - J, the mean of the K-sample
     gradient estimates converges to ∇J."""
-    env = Environment.build(replace(TINY, group_size=8), 4)
+    env = Environment.build(replace(regime, group_size=8), 4)
     groups = sample_groups(env, 3000, torch.Generator().manual_seed(4))
     truth = exact_gradient(env).reshape(-1)
     for advantages in (
-        true_advantages(env, groups.tokens),
+        true_advantages(env, groups.tokens, groups.lengths),
         (groups.batch.rewards.double() - expected_reward(env).detach()).unsqueeze(1).expand_as(groups.tokens),
     ):
         mean = group_gradients(env, groups, advantages).mean(dim=0)
         assert float(mean @ truth / (mean.norm() * truth.norm())) > 0.99
 
 
-def test_surprisal_is_the_negative_log_probability_of_the_sampled_token():
-    env = Environment.build(TINY, 2)
-    groups = sample_groups(env, 2, torch.Generator().manual_seed(0))
+@pytest.mark.parametrize("regime", REGIMES, ids=lambda r: r.name)
+def test_sampled_log_probabilities_and_sum_pi_squared_are_the_policy_s(regime):
+    env = Environment.build(regime, 2)
+    groups = sample_groups(env, 4, torch.Generator().manual_seed(0))
     policy = env.policy()
-    positions = torch.arange(TINY.horizon).expand_as(groups.tokens)
-    expected = -torch.log(policy[positions, groups.previous, groups.tokens])
-    assert torch.allclose(groups.batch.surprisal.double(), expected, atol=1e-6)
+    for i, (row, length) in enumerate(zip(groups.tokens.tolist(), groups.lengths.tolist())):
+        previous = env.start
+        assert all(token >= 0 for token in row[:length]) and all(token == -1 for token in row[length:])
+        if length < regime.horizon:
+            assert row[length - 1] == regime.end
+        for t, token in enumerate(row[:length]):
+            here = policy[t, previous]
+            assert groups.batch.logprobs[i, t].item() == pytest.approx(float(here[token].log()), abs=1e-5)
+            assert groups.batch.surprisal[i, t].item() == pytest.approx(-float(here[token].log()), abs=1e-5)
+            assert groups.batch.sum_pi_squared[i, t].item() == pytest.approx(float(here.square().sum()), abs=1e-6)
+            previous = token
 
 
 def test_decision_positions_carry_the_entropy():
     env = Environment.build(Regime(), 0)
-    policy = env.policy()
+    policy = env.policy()[:, :, : Regime().vocab]
     entropy = -(policy * policy.log()).sum(-1).mean(-1)  # [H]
     decisions = list(Regime().decisions)
     others = [t for t in range(Regime().horizon) if t not in decisions]

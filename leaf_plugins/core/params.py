@@ -7,11 +7,12 @@ from typing import Any, Iterable
 
 from leaf_plugins.core.errors import ConfigError, suggest
 
-__all__ = ["EstimatorParams", "HORIZONS", "TERMS", "NORMALIZATIONS"]
+__all__ = ["EstimatorParams", "HORIZONS", "TERMS", "NORMALIZATIONS", "SCALES"]
 
 HORIZONS = ("shortest", "each")
 TERMS = ("both", "global", "local")
 NORMALIZATIONS = ("none", "span", "token", "batch")
+SCALES = ("group_std", "none")
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,11 @@ class EstimatorParams:
     (``1 <= t < H_i``, the authors' code). ``terms``: ``both`` (GA + LA), ``global``
     (GA only) or ``local`` (LA only). ``normalize``: ``none``, ``span``, ``token`` or
     ``batch``. ``std_floor`` and ``eps`` are GRPO's standard-deviation floor and epsilon.
+    ``shrink`` is the prior weight (in responses) that pulls a small node's leave-one-out
+    value toward its parent's (``tree_rloo``, ``tree_otb``); ``scale`` divides their
+    advantages by the group's reward std (``group_std``, as GRPO) or not (``none``);
+    ``own_share`` lets ``tree_otb`` weigh the response's own return in its baseline by its
+    share of the path-variance weights, as verl's OTB does (biased, lower variance).
     """
 
     fork_budget: int = 2
@@ -32,6 +38,9 @@ class EstimatorParams:
     normalize: str = "span"
     std_floor: float = 0.0
     eps: float = 1e-6
+    shrink: float = 4.0
+    scale: str = "group_std"
+    own_share: bool = True
 
     def __post_init__(self) -> None:
         problems = []
@@ -39,7 +48,7 @@ class EstimatorParams:
             problems.append(f"fork_budget must be an integer >= 0, got {self.fork_budget!r}")
         if not isinstance(self.min_group, int) or self.min_group < 2:
             problems.append(f"min_group must be an integer >= 2 (singletons are never nodes), got {self.min_group!r}")
-        for name, allowed in (("horizon", HORIZONS), ("terms", TERMS), ("normalize", NORMALIZATIONS)):
+        for name, allowed in (("horizon", HORIZONS), ("terms", TERMS), ("normalize", NORMALIZATIONS), ("scale", SCALES)):
             value = getattr(self, name)
             if value not in allowed:
                 problems.append(f"{name} must be one of {', '.join(allowed)}; got {value!r}.{suggest(str(value), allowed)}")
@@ -47,6 +56,10 @@ class EstimatorParams:
             problems.append(f"std_floor must be a number >= 0, got {self.std_floor!r}")
         if not isinstance(self.eps, (int, float)) or self.eps <= 0:
             problems.append(f"eps must be a number > 0, got {self.eps!r}")
+        if isinstance(self.shrink, bool) or not isinstance(self.shrink, (int, float)) or not 0 <= self.shrink < float("inf"):
+            problems.append(f"shrink must be a finite number >= 0, got {self.shrink!r}")
+        if not isinstance(self.own_share, bool):
+            problems.append(f"own_share must be true or false, got {self.own_share!r}")
         if problems:
             raise ConfigError("; ".join(problems))
 
@@ -56,8 +69,11 @@ class EstimatorParams:
         return tuple(f.name for f in fields(cls))
 
     @classmethod
-    def for_estimator(cls, estimator: str, accepted: Iterable[str], values: dict[str, Any]) -> "EstimatorParams":
-        """Validate ``values`` for an estimator that reads the ``accepted`` names."""
+    def for_estimator(
+        cls, estimator: str, accepted: Iterable[str], values: dict[str, Any], defaults: dict[str, Any] | None = None
+    ) -> "EstimatorParams":
+        """Validate ``values`` for an estimator that reads the ``accepted`` names, over the
+        estimator's own ``defaults`` where it has any."""
         accepted = tuple(accepted)
         unknown = [key for key in values if key not in accepted]
         if unknown:
@@ -66,4 +82,4 @@ class EstimatorParams:
                 f"estimator {estimator!r} has no parameter {key!r}.{suggest(key, accepted)} "
                 f"Its parameters: {', '.join(accepted) or '(none)'}"
             )
-        return cls(**values)
+        return cls(**{**(defaults or {}), **values})

@@ -48,22 +48,31 @@ class CreditMeasures:
 
 
 def group_gradients(env: Environment, groups: Groups, advantages: torch.Tensor) -> torch.Tensor:
-    """``[G, H*(V+1)*V]``: per group, (1/K) Σ_i Σ_t A_{i,t} ∇ log π(a_{i,t} | s_{i,t}).
+    """``[G, P]``: per group, (1/K) Σ_i Σ_t A_{i,t} ∇ log π(a_{i,t} | s_{i,t}) with respect
+    to the learnable parameters (``P`` of them), over real tokens.
 
-    For a tabular softmax, ∇ log π(a | t, prev) is ``onehot(a) - π(· | t, prev)`` in the
-    row ``(t, prev)`` of the logits and 0 elsewhere.
+    For a softmax, ∇ log π(a | s) with respect to the logits of state ``s`` is
+    ``onehot(a) - π(· | s)``: the table's gradient lives in row ``s``; with shared
+    features it is ``φ(s) ⊗ (onehot(a) - π(· | s))``.
     """
     regime = env.regime
-    h, v = regime.horizon, regime.vocab
-    policy = env.policy().detach()  # [H, V+1, V]
+    h, states, actions = regime.horizon, regime.vocab + 1, regime.actions
+    policy = env.policy().detach()  # [H, V+1, A]
+    real = groups.mask  # [N, H]
     positions = torch.arange(h).expand_as(groups.tokens)  # [N, H]
-    score = torch.nn.functional.one_hot(groups.tokens, v).double() - policy[positions, groups.previous]  # [N, H, V]
-    contribution = advantages.double().unsqueeze(2) * score  # [N, H, V]
+    taken = groups.tokens.clamp(min=0)
+    score = torch.nn.functional.one_hot(taken, actions).double() - policy[positions, groups.previous]  # [N, H, A]
+    weight = torch.where(real, advantages.double(), 0.0)
+    contribution = weight.unsqueeze(2) * score  # [N, H, A]
     group = groups.batch.groups.index.unsqueeze(1).expand_as(groups.tokens)  # [N, H]
-    row = (group * h + positions) * (v + 1) + groups.previous  # [N, H] flat (group, t, prev)
-    out = torch.zeros(groups.count * h * (v + 1), v, dtype=torch.float64)
-    out.index_add_(0, row.reshape(-1), contribution.reshape(-1, v))
-    return out.reshape(groups.count, -1) / regime.group_size
+    row = (group * h + positions) * states + groups.previous  # [N, H] flat (group, t, prev)
+    table = torch.zeros(groups.count * h * states, actions, dtype=torch.float64)
+    table.index_add_(0, row.reshape(-1), contribution.reshape(-1, actions))
+    table = table.view(groups.count, h * states, actions) / regime.group_size  # [G, S, A]
+    if env.features is None:
+        return table.reshape(groups.count, -1)
+    features = env.features.reshape(h * states, -1)  # [S, F]
+    return torch.einsum("gsa,sf->gfa", table, features).reshape(groups.count, -1)
 
 
 def measure_credit(env: Environment, groups: Groups, advantages: torch.Tensor) -> CreditMeasures:
@@ -76,16 +85,20 @@ def measure_credit(env: Environment, groups: Groups, advantages: torch.Tensor) -
     nmse = float(((scale * estimates - truth).square().sum(dim=1) / truth.square().sum()).mean())
     mean_estimate = estimates.mean(dim=0)
     mean_cosine = float(mean_estimate @ truth / (mean_estimate.norm() * truth.norm()).clamp(min=1e-300))
-    correlation = _group_correlations(advantages.double(), true_advantages(env, groups.tokens), groups)
+    truth_credit = true_advantages(env, groups.tokens, groups.lengths)
+    correlation = _group_correlations(advantages.double(), truth_credit, groups)
     return CreditMeasures(interval(cosine), cosine, nmse, mean_cosine, interval(correlation))
 
 
 def _group_correlations(estimated: torch.Tensor, truth: torch.Tensor, groups: Groups) -> torch.Tensor:
-    """``[G]`` Pearson correlation over each group's tokens (NaN where either is constant)."""
-    a = estimated.reshape(groups.count, -1)  # groups are contiguous and of equal size K
+    """``[G]`` Pearson correlation over each group's real tokens (NaN where either is
+    constant)."""
+    real = groups.mask.reshape(groups.count, -1).double()  # groups are contiguous and of equal size K
+    count = real.sum(dim=1, keepdim=True)
+    a = estimated.reshape(groups.count, -1)
     b = truth.reshape(groups.count, -1)
-    a = a - a.mean(dim=1, keepdim=True)
-    b = b - b.mean(dim=1, keepdim=True)
+    a = (a - (a * real).sum(dim=1, keepdim=True) / count) * real
+    b = (b - (b * real).sum(dim=1, keepdim=True) / count) * real
     denominator = a.norm(dim=1) * b.norm(dim=1)
     return torch.where(denominator > 1e-12, (a * b).sum(dim=1) / denominator.clamp(min=1e-300), float("nan"))
 

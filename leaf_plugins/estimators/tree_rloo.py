@@ -1,0 +1,43 @@
+"""Tree RLOO: prefix leave-one-out baselines on the retained nodes (unbiased)."""
+
+from __future__ import annotations
+
+import torch
+
+from leaf_plugins.core.batch import RolloutBatch
+from leaf_plugins.core.hookspecs import hookimpl
+from leaf_plugins.core.params import EstimatorParams
+from leaf_plugins.core.tree import Nodes
+from leaf_plugins.estimators.group_stats import group_std, per_response, root_values
+from leaf_plugins.estimators.leaf import LEAF
+from leaf_plugins.estimators.tree_baselines import path_baselines
+
+__all__ = ["TreeRLOO", "group_scale"]
+
+
+class TreeRLOO(LEAF):
+    """Tree RLOO: r_i minus the mean reward of the others that share i's prefix (unbiased)."""
+
+    parameters = frozenset({"fork_budget", "min_group", "horizon", "shrink", "scale", "std_floor", "eps"})
+
+    @hookimpl
+    def compute_advantages(self, batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) -> torch.Tensor:
+        baselines = path_baselines(batch, nodes, params.shrink)
+        with torch.inference_mode():
+            scale = per_response(group_scale(batch, params), batch.groups).unsqueeze(1)  # [N, 1]
+            segments = (batch.rewards.double().unsqueeze(1) - baselines.values) / scale  # [N, D+1]
+        return baselines.paint(segments.float(), batch.width)
+
+
+def group_scale(batch: RolloutBatch, params: EstimatorParams) -> torch.Tensor:
+    """``[G]`` float64 divisor of the advantages: GRPO's ``max(std, std_floor) + eps``
+    (sample std of the group's rewards) for ``scale="group_std"``, 1 for ``"none"``."""
+    if params.scale == "none":
+        return torch.ones(batch.groups.count, dtype=torch.float64, device=batch.device)
+    rewards = batch.rewards.double()
+    return group_std(rewards, batch.groups, root_values(batch).double()).clamp(min=params.std_floor) + params.eps
+
+
+@hookimpl
+def register_estimators(register) -> None:  # type: ignore[no-untyped-def]
+    register("tree_rloo", TreeRLOO())
