@@ -14,7 +14,7 @@ from leaf_plugins.core.hookspecs import LeafSpecs
 from leaf_plugins.core.plugins import PluginHost
 from leaf_plugins.core.registry import Registry
 
-BUILTIN_ESTIMATORS = {"grpo", "leaf", "collision", "full_tree"}
+BUILTIN_ESTIMATORS = {"grpo", "leaf", "collision", "full_tree", "otb"}
 
 
 def test_builtins_register_through_entry_points():

@@ -39,7 +39,7 @@ def test_plugins_lists_the_third_party_estimator_and_survives_the_broken_one(plu
     assert done.returncode == 0, done.stderr
     rows = [line.split()[:3] for line in done.stdout.splitlines()]
     assert ["estimator", "rloo", "leaf-rloo"] in rows
-    for name in ("grpo", "leaf", "collision", "full_tree"):
+    for name in ("grpo", "leaf", "collision", "full_tree", "otb"):
         assert ["estimator", name, "leaf-plugins"] in rows
     assert "skipped plugin 'broken-estimator'" in done.stderr
     assert "this plugin is broken on purpose" in done.stderr

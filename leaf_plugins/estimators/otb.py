@@ -1,0 +1,151 @@
+"""OTB: verl's optimal token baseline, a per-token baseline weighted by path variance.
+
+Per group and position t, the baseline is the mean of the returns of the responses
+still running at t, each weighted by its cumulative path-variance proxy
+``W_{i,t} = Σ_{u<=t} (1 - 2π_{i,u} + Σ_v π_v²)`` (its own return included, as in verl);
+the advantage is ``r_i - b_t``. Where fewer than two of the group's responses are still
+running (a group of one; the tail of a unique longest response, verl's
+``handle_zero_tail``) the baseline is 0. Exact semantics: docs/estimators.md.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from leaf_plugins.core.batch import GroupLayout, RolloutBatch
+from leaf_plugins.core.errors import ConfigError
+from leaf_plugins.core.hookspecs import hookimpl
+from leaf_plugins.core.params import EstimatorParams
+from leaf_plugins.core.tree import Boundaries, Nodes
+from leaf_plugins.estimators.group_stats import group_sum, per_response
+from leaf_plugins.estimators.grpo import root_only_nodes
+
+__all__ = ["OTB", "optimal_token_advantages", "optimal_token_baselines", "EPSILON", "INCONSISTENCY_TOLERANCE"]
+
+EPSILON = 1e-8
+"""verl's ``epsilon``, added to the denominator Σ_i W_{i,t} of the baseline."""
+
+INCONSISTENCY_TOLERANCE = 1e-3
+"""How far below 0 a token's weight ``1 - 2π + Σπ²`` may fall (float rounding) before
+``logprobs`` and ``sum_pi_squared`` are reported as coming from different distributions:
+for any distribution ``Σ_v π_v² >= π_a²``, so the exact weight is ``>= (1 - π_a)² >= 0``."""
+
+_HOW_TO_PROVIDE = (
+    "pass it as RolloutBatch.from_lists(..., logprobs=..., sum_pi_squared=...) (one value per token; "
+    "logprobs = log π(a_t | x, y_<t), sum_pi_squared = Σ_v π(v | x, y_<t)² of the same policy distribution); "
+    "the trainer's rollout records both"
+)
+
+
+class OTB:
+    """Optimal token baseline (verl): r_i minus the path-variance-weighted mean reward of the group, per token."""
+
+    parameters: frozenset[str] = frozenset()
+
+    @hookimpl
+    def select_boundaries(self, batch: RolloutBatch, params: EstimatorParams) -> Boundaries:
+        return Boundaries.empty(batch.groups.count, batch.device)
+
+    @hookimpl
+    def retain_nodes(self, batch: RolloutBatch, boundaries: Boundaries, params: EstimatorParams) -> Nodes:
+        return root_only_nodes(batch)
+
+    @hookimpl
+    def compute_advantages(self, batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) -> torch.Tensor:
+        return optimal_token_advantages(batch)
+
+
+def optimal_token_advantages(batch: RolloutBatch) -> torch.Tensor:
+    """``[N, T]`` float32 OTB advantages ``r_i - b_{g(i),t}``, exactly 0 on padding.
+
+    Memory is ``O(N·T)`` (no ``[G, K, K, T]`` or per-pair table).
+    """
+    logprobs, sum_pi_squared = _policy_fields(batch)
+    baseline = optimal_token_baselines(batch, logprobs, sum_pi_squared)  # [G, T]
+    advantages = batch.rewards.float().unsqueeze(1) - per_response(baseline, batch.groups)  # [N, T]
+    return torch.where(batch.mask, advantages, 0.0)
+
+
+@torch.inference_mode()
+def optimal_token_baselines(batch: RolloutBatch, logprobs: torch.Tensor, sum_pi_squared: torch.Tensor) -> torch.Tensor:
+    """``[G, T]`` float32 baseline ``b_t`` of every group at every position: the
+    ``W``-weighted mean reward of the responses running at t, or 0 where fewer than two are.
+
+    ``logprobs`` and ``sum_pi_squared`` are ``[N, T]``; their padding is never read.
+    """
+    mask = batch.mask  # [N, T]
+    rewards = batch.rewards.float()  # [N]
+    weight = logprobs.float().exp().mul_(-2).add_(1).add_(sum_pi_squared)  # [N, T]: 1 - 2π + Σπ²
+    _check_consistent(weight, mask, logprobs, sum_pi_squared)
+    # exact weights are >= 0; rounding may leave them a hair below. Padding lies after every real
+    # token of its row, so the cumulative sum at real positions never reads it.
+    cumulative = weight.clamp_(min=0).cumsum_(dim=1).masked_fill_(~mask, 0.0)  # [N, T]: W_{i,t}
+    layout = batch.groups
+    numerator = group_sum(cumulative * rewards.unsqueeze(1), layout)  # [G, T]: Σ_i W_{i,t} G_{i,t}
+    denominator = group_sum(cumulative, layout).add_(EPSILON)  # [G, T]: Σ_i W_{i,t} + ε
+    baseline = numerator.div_(denominator)  # [G, T]
+    _check_finite(baseline, rewards, mask, logprobs, sum_pi_squared)
+    positions = torch.arange(batch.width, device=batch.device)
+    return baseline.masked_fill_(positions >= _second_longest(batch.lengths, layout).unsqueeze(1), 0.0)
+
+
+def _policy_fields(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch's ``logprobs`` and ``sum_pi_squared`` ``[N, T]``, or a ConfigError naming
+    the missing field and how to provide it."""
+    missing = [name for name in ("logprobs", "sum_pi_squared") if getattr(batch, name) is None]
+    if missing:
+        fields = " and ".join(missing)
+        raise ConfigError(
+            f"estimator 'otb' weights each token by 1 - 2π + Σπ², which needs the batch's per-token "
+            f"logprobs and sum_pi_squared, but the batch has no {fields}: {_HOW_TO_PROVIDE}"
+        )
+    return batch.logprobs, batch.sum_pi_squared
+
+
+def _second_longest(lengths: torch.Tensor, layout: GroupLayout) -> torch.Tensor:
+    """``[G]`` int64: the second-largest response length of each group (``-1`` for a
+    group of one). At position t at least two of the group's responses are running iff
+    ``t <`` this length."""
+    members = layout.members  # [G, K_max], -1 padded
+    if members.shape[1] < 2:
+        return torch.full((layout.count,), -1, dtype=torch.int64, device=lengths.device)
+    member_lengths = torch.where(members >= 0, lengths[members.clamp(min=0)], -1)  # [G, K_max]
+    return member_lengths.topk(2, dim=1).values[:, 1]
+
+
+def _check_consistent(weight: torch.Tensor, mask: torch.Tensor, logprobs: torch.Tensor,
+                      sum_pi_squared: torch.Tensor) -> None:
+    """Raise a ConfigError naming the first real token whose weight ``1 - 2π + Σπ²`` is
+    clearly negative, which no single distribution can produce."""
+    negative = (weight < -INCONSISTENCY_TOLERANCE) & mask  # [N, T]
+    if not bool(negative.any()):
+        return
+    i, t = (int(v) for v in negative.nonzero()[0])
+    pi = float(logprobs[i, t].exp())
+    raise ConfigError(
+        f"estimator 'otb': at response {i}, token {t}, sum_pi_squared = {float(sum_pi_squared[i, t]):.6g} is below "
+        f"π² = {pi * pi:.6g} of the sampled token (π = exp(logprobs) = {pi:.6g}), which no distribution allows "
+        f"(Σ_v π_v² >= π_a²): logprobs and sum_pi_squared must come from the same policy distribution "
+        f"(the one the loss differentiates, not the top-p/temperature sampling one)"
+    )
+
+
+def _check_finite(baseline: torch.Tensor, rewards: torch.Tensor, mask: torch.Tensor, logprobs: torch.Tensor,
+                  sum_pi_squared: torch.Tensor) -> None:
+    """Raise a ConfigError naming the field and entry that holds a NaN or an infinity."""
+    if bool(torch.isfinite(baseline).all()) and bool(torch.isfinite(rewards).all()):
+        return
+    if not bool(torch.isfinite(rewards).all()):
+        i = int((~torch.isfinite(rewards)).nonzero()[0, 0])
+        raise ConfigError(f"estimator 'otb': rewards[{i}] = {float(rewards[i])} is not finite")
+    for name, values in (("logprobs", logprobs), ("sum_pi_squared", sum_pi_squared)):
+        bad = ~torch.isfinite(values) & mask  # [N, T]
+        if bool(bad.any()):
+            i, t = (int(v) for v in bad.nonzero()[0])
+            raise ConfigError(f"estimator 'otb': {name}[{i}, {t}] = {float(values[i, t])} is not finite")
+    raise ConfigError("estimator 'otb': the baseline overflowed (weights or rewards too large for float32)")
+
+
+@hookimpl
+def register_estimators(register) -> None:  # type: ignore[no-untyped-def]
+    register("otb", OTB())
