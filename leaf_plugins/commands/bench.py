@@ -70,6 +70,7 @@ def run_speed(args: argparse.Namespace) -> int:
 def run_credit(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
+    from leaf_plugins.bench.credit.learning import PROTOCOLS
     from leaf_plugins.bench.credit.plots import plot_cosines, plot_learning
     from leaf_plugins.bench.credit.sweep import Settings, markdown_table, regimes, run_sweep, write_csv
     from leaf_plugins.core.errors import suggest
@@ -88,7 +89,9 @@ def run_credit(args: argparse.Namespace) -> int:
     (args.out / "credit.md").write_text(table + "\n")
     write_csv(rows, args.out / "credit.csv")
     plot_cosines(rows, args.out / "gradient_cosine.png")
-    plot_learning(rows, args.out / "learning_curves.png")
+    for protocol in PROTOCOLS:
+        plot_learning(rows, args.out / f"learning_curves_{protocol}.png", protocol)
     print("\n" + table)
-    print(f"\nwritten: {args.out}/credit.md, credit.csv, gradient_cosine.png, learning_curves.png")
+    print(f"\nwritten: {args.out}/credit.md, credit.csv, gradient_cosine.png, "
+          + ", ".join(f"learning_curves_{protocol}.png" for protocol in PROTOCOLS))
     return 0

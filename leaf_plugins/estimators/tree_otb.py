@@ -61,6 +61,8 @@ class TreeOTB(TreeRLOO):
             advantage = batch.rewards.double().unsqueeze(1) - baseline  # [N, T]
             if params.own_share:
                 advantage = advantage * (1 - _own_share(batch, weights))
+            else:  # a response alone has no other to learn from: 0, as with its own share
+                advantage = advantage * (per_response(layout.sizes, layout) > 1).unsqueeze(1)
             advantage = advantage / per_response(group_scale(batch, params), layout).unsqueeze(1)
             result = torch.where(batch.mask, advantage, 0.0).float()
         return result.clone()

@@ -31,8 +31,10 @@ def require_policy_fields(batch: RolloutBatch, estimator: str) -> None:
 
 
 def score_norms(batch: RolloutBatch, estimator: str) -> torch.Tensor:
-    """``[N, T]`` float64 ``w = 1 − 2π + Σπ²`` of every token, 0 on padding."""
+    """``[N, T]`` float64 ``w = max(0, 1 − 2π + Σπ²)`` of every token, 0 on padding (the
+    exact value is ``>= (1 − π)² >= 0``; rounding may leave it a hair below 0, as ``otb``
+    clamps it too)."""
     require_policy_fields(batch, estimator)
     assert batch.logprobs is not None and batch.sum_pi_squared is not None
     weight = 1 - 2 * batch.logprobs.double().exp() + batch.sum_pi_squared.double()  # [N, T]
-    return torch.where(batch.mask, weight, 0.0)
+    return torch.where(batch.mask, weight.clamp(min=0), 0.0)

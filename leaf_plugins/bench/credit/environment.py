@@ -39,7 +39,9 @@ class Regime:
     wrong words; ``stop_logit`` is the end token's logit at ``t = L`` (the length
     decision), ``early_stop_logit`` before it. ``features`` ``F > 0`` makes the learnable
     logits ``φ @ Θ`` with ``[F]`` features per state, of which a share
-    ``feature_similarity`` (0 … 1) is common to all states.
+    ``feature_similarity`` (0 … 1) is common to all states. Estimators see
+    ``batch_groups`` groups per call, as a training step's batch of prompts (an estimator
+    may learn from the other groups of its batch).
     """
 
     name: str = "base"
@@ -47,6 +49,7 @@ class Regime:
     vocab: int = 4
     decisions: tuple[int, ...] = (3, 8, 12)
     group_size: int = 8
+    batch_groups: int = 8  # groups per estimator call (a training step's prompts)
     fork_budget: int = 2
     reward: str = "additive"
     wrong_penalty: float = 0.5  # ρ for graded rewards

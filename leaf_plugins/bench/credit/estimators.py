@@ -11,6 +11,7 @@ from leaf_plugins.bench.credit.exact import true_advantages
 from leaf_plugins.bench.credit.sampling import Groups
 from leaf_plugins.core.engine import Engine
 from leaf_plugins.core.plugins import get_host
+from leaf_plugins.core.tree import EstimateResult
 
 __all__ = ["ORACLE", "estimator_names", "advantages_of"]
 
@@ -29,10 +30,14 @@ def _engine(name: str, fork_budget: int) -> Engine:
     return Engine(name, params)
 
 
-def advantages_of(name: str, env: Environment, groups: Groups) -> tuple[torch.Tensor, object | None]:
+def advantages_of(name: str, env: Environment, groups: Groups) -> tuple[torch.Tensor, list[EstimateResult]]:
     """``[N, H]`` advantages of estimator ``name`` (its default parameters, with the
-    regime's fork budget where it has one) and the estimate result (None for the oracle)."""
+    regime's fork budget where it has one), called on batches of the regime's
+    ``batch_groups`` groups, and the estimate results (none for the oracle)."""
     if name == ORACLE:
-        return true_advantages(env, groups.tokens).float(), None
-    result = _engine(name, env.regime.fork_budget).estimate(groups.batch)
-    return result.advantages, result
+        return true_advantages(env, groups.tokens, groups.lengths).float(), []
+    engine = _engine(name, env.regime.fork_budget)
+    per_call = env.regime.batch_groups * env.regime.group_size
+    results = [engine.estimate(groups.batch.select(torch.arange(start, min(start + per_call, groups.batch.size))))
+               for start in range(0, groups.batch.size, per_call)]  # the batches of a benchmark run
+    return torch.cat([result.advantages for result in results]), results

@@ -11,7 +11,8 @@ from leaf_plugins.bench.credit.environment import Environment
 from leaf_plugins.bench.credit.exact import exact_gradient, true_advantages
 from leaf_plugins.bench.credit.sampling import Groups
 
-__all__ = ["Interval", "CreditMeasures", "group_gradients", "measure_credit", "forkability", "interval"]
+__all__ = ["Interval", "CreditMeasures", "Bias", "group_gradients", "gradient_bias", "measure_credit", "forkability",
+           "interval"]
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,9 @@ class Interval:
 
     def __str__(self) -> str:
         return f"{self.mean:.3f} ± {self.half_width:.3f}"
+
+    def __format__(self, spec: str) -> str:
+        return f"{self.mean:{spec}} ± {self.half_width:{spec}}" if spec else str(self)
 
 
 def interval(values: torch.Tensor) -> Interval:
@@ -47,9 +51,12 @@ class CreditMeasures:
     token_correlation: Interval  # per-group Pearson correlation of A and Q - V
 
 
-def group_gradients(env: Environment, groups: Groups, advantages: torch.Tensor) -> torch.Tensor:
+def group_gradients(
+    env: Environment, groups: Groups, advantages: torch.Tensor, buckets: int | None = None
+) -> torch.Tensor:
     """``[G, P]``: per group, (1/K) Σ_i Σ_t A_{i,t} ∇ log π(a_{i,t} | s_{i,t}) with respect
-    to the learnable parameters (``P`` of them), over real tokens.
+    to the learnable parameters (``P`` of them), over real tokens. With ``buckets`` ``C``,
+    the mean of these over ``C`` consecutive blocks of groups instead: ``[C, P]``.
 
     For a softmax, ∇ log π(a | s) with respect to the logits of state ``s`` is
     ``onehot(a) - π(· | s)``: the table's gradient lives in row ``s``; with shared
@@ -64,15 +71,53 @@ def group_gradients(env: Environment, groups: Groups, advantages: torch.Tensor) 
     score = torch.nn.functional.one_hot(taken, actions).double() - policy[positions, groups.previous]  # [N, H, A]
     weight = torch.where(real, advantages.double(), 0.0)
     contribution = weight.unsqueeze(2) * score  # [N, H, A]
+    count = buckets or groups.count
     group = groups.batch.groups.index.unsqueeze(1).expand_as(groups.tokens)  # [N, H]
-    row = (group * h + positions) * states + groups.previous  # [N, H] flat (group, t, prev)
-    table = torch.zeros(groups.count * h * states, actions, dtype=torch.float64)
+    if buckets:
+        group = group * buckets // groups.count
+    row = (group * h + positions) * states + groups.previous  # [N, H] flat (group or bucket, t, prev)
+    table = torch.zeros(count * h * states, actions, dtype=torch.float64)
     table.index_add_(0, row.reshape(-1), contribution.reshape(-1, actions))
-    table = table.view(groups.count, h * states, actions) / regime.group_size  # [G, S, A]
+    per_row = regime.group_size * (groups.count / buckets if buckets else 1)
+    table = table.view(count, h * states, actions) / per_row  # [G or C, S, A]
     if env.features is None:
-        return table.reshape(groups.count, -1)
+        return table.reshape(count, -1)
     features = env.features.reshape(h * states, -1)  # [S, F]
-    return torch.einsum("gsa,sf->gfa", table, features).reshape(groups.count, -1)
+    return torch.einsum("gsa,sf->gfa", table, features).reshape(count, -1)
+
+
+@dataclass(frozen=True)
+class Bias:
+    """Where the mean estimated gradient over many groups points: its cosine with ∇J and
+    its projection ``ḡ·∇J / |∇J|²`` (1 for an unbiased estimator of ∇J at raw scale),
+    with 95% CIs from blocks of groups (a jackknife for the cosine), and the *excess*:
+    the squared norm of ``ḡ``'s part orthogonal to ∇J over what the sampling noise of the
+    block means alone would give. An estimator whose expectation is parallel to ∇J
+    (unbiased up to scale) has an excess near 1; a direction bias makes it grow with the
+    number of groups."""
+
+    cosine: Interval
+    projection: Interval
+    excess: float
+
+
+def gradient_bias(env: Environment, groups: Groups, advantages: torch.Tensor, blocks: int = 20) -> Bias:
+    """The bias measures of ``advantages`` on many ``groups`` (``blocks`` blocks)."""
+    truth = exact_gradient(env).reshape(-1)  # [P]
+    block_means = group_gradients(env, groups, advantages, buckets=blocks)  # [C, P]
+    projections = block_means @ truth / truth.square().sum()
+    total = block_means.sum(dim=0)
+    leave_out = (total.unsqueeze(0) - block_means) / (blocks - 1)  # [C, P]
+    cosines = leave_out @ truth / (leave_out.norm(dim=1) * truth.norm()).clamp(min=1e-300)
+    mean = total / blocks
+    full = float(mean @ truth / (mean.norm() * truth.norm()).clamp(min=1e-300))
+    spread = float(((blocks - 1) / blocks * (cosines - cosines.mean()).square().sum()) ** 0.5)  # jackknife
+    direction = truth / truth.norm()
+    orthogonal = block_means - (block_means @ direction).unsqueeze(1) * direction  # [C, P]
+    centre = orthogonal.mean(dim=0)
+    noise = (orthogonal - centre).square().sum() / (blocks * (blocks - 1))  # E|noise of the mean|²
+    excess = float(centre.square().sum() / noise.clamp(min=1e-300))
+    return Bias(Interval(full, 1.96 * spread, blocks), interval(projections), excess)
 
 
 def measure_credit(env: Environment, groups: Groups, advantages: torch.Tensor) -> CreditMeasures:

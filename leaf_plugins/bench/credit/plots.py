@@ -31,8 +31,9 @@ def plot_cosines(rows: list[Row], path: Path) -> None:
     plt.close(figure)
 
 
-def plot_learning(rows: list[Row], path: Path) -> None:
-    """Mean exact reward J over policy-gradient steps, one panel per regime."""
+def plot_learning(rows: list[Row], path: Path, protocol: str) -> None:
+    """Mean exact reward J over policy-gradient steps under ``protocol``, one panel per
+    regime."""
     plt = pyplot()
     regimes = list(dict.fromkeys(row.regime for row in rows))
     columns = min(5, len(regimes))
@@ -40,7 +41,7 @@ def plot_learning(rows: list[Row], path: Path) -> None:
     figure, axes = plt.subplots(lines, columns, figsize=(3.2 * columns, 2.6 * lines), squeeze=False)
     for axis, regime in zip(axes.flat, regimes):
         for row in (row for row in rows if row.regime == regime):
-            axis.plot(row.curve, label=row.estimator, linestyle="--" if row.estimator.startswith("oracle") else "-")
+            axis.plot(row.curves[protocol], label=row.estimator, linestyle="--" if row.estimator.startswith("oracle") else "-")
         axis.set_title(regime, fontsize=9)
         axis.set_xlabel("step", fontsize=8)
         axis.tick_params(labelsize=7)
@@ -48,6 +49,7 @@ def plot_learning(rows: list[Row], path: Path) -> None:
         axis.axis("off")
     axes.flat[0].set_ylabel("exact E[r]", fontsize=8)
     axes.flat[0].legend(fontsize=6)
+    figure.suptitle(f"exact E[r] while learning ({protocol} steps)", fontsize=10)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

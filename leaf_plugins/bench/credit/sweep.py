@@ -11,17 +11,34 @@ from tqdm import tqdm
 
 from leaf_plugins.bench.credit.environment import Environment, Regime
 from leaf_plugins.bench.credit.estimators import ORACLE, advantages_of, estimator_names
-from leaf_plugins.bench.credit.learning import learning_curve
-from leaf_plugins.bench.credit.measures import CreditMeasures, Interval, forkability, interval, measure_credit
-from leaf_plugins.bench.credit.sampling import sample_groups
+from leaf_plugins.bench.credit.learning import PROTOCOLS, learning_curve
+from leaf_plugins.bench.credit.measures import (
+    Bias, CreditMeasures, Interval, forkability, gradient_bias, interval, measure_credit,
+)
+from leaf_plugins.bench.credit.sampling import Groups, sample_groups
 
-__all__ = ["Settings", "Row", "regimes", "run_sweep", "paired_cosine_gain", "markdown_table", "write_csv"]
+__all__ = ["Settings", "Row", "regimes", "run_sweep", "paired_cosine_gain", "markdown_table", "write_csv",
+           "BASELINES"]
 
 BASE = Regime()
+SPEECH = Regime(
+    name="graded", horizon=24, vocab=16, reference_length=16, decisions=(3, 8, 12), reward="graded",
+    variants=3, peak_logit=7.0,
+)
+"""Translation-like: 16 reference words then the end token, three decisions among three
+plausible variants, a rare wrong word at every other position (costs ρ = 0.5 of the
+reward), stopping early or late costs words."""
+
+EXACT = replace(SPEECH, name="exact match", reward="exact", right_bias=1.0)
+
+BASELINES = ("grpo", "otb")
+"""The estimators every other one is compared with, pair by pair on the same groups."""
 
 
 def regimes() -> list[Regime]:
-    """The base setting and one change of one knob at a time."""
+    """The first version's additive regimes (fixed length, one knob at a time), then
+    translation-like ones with an end token, graded or exact-match rewards, longer
+    horizons, shared features and a hard exact-match regime."""
     return [
         BASE,
         replace(BASE, name="K=4", group_size=4),
@@ -33,6 +50,20 @@ def regimes() -> list[Regime]:
         replace(BASE, name="late decisions", decisions=(12, 14)),
         replace(BASE, name="reward noise 0.2", reward_noise=0.2),
         replace(BASE, name="temperature 2", temperature=2.0),
+        SPEECH,
+        replace(SPEECH, name="graded K=4", group_size=4),
+        replace(SPEECH, name="graded K=16", group_size=16),
+        replace(SPEECH, name="graded noise 0.1", reward_noise=0.1),
+        replace(SPEECH, name="graded temperature 1.5", temperature=1.5),
+        replace(SPEECH, name="graded long (48 words)", horizon=56, reference_length=48,
+                decisions=(4, 12, 20, 28, 36, 44), variants=2),
+        replace(SPEECH, name="graded features α=0", features=64, feature_similarity=0.0),
+        replace(SPEECH, name="graded features α=0.5", features=64, feature_similarity=0.5),
+        replace(SPEECH, name="graded features α=0.9", features=64, feature_similarity=0.9),
+        EXACT,
+        replace(EXACT, name="exact match K=16", group_size=16),
+        replace(EXACT, name="exact match late", decisions=(10, 13), variants=2),
+        replace(EXACT, name="exact match hard", right_bias=0.0, decisions=(3, 6, 9, 12)),
     ]
 
 
@@ -42,13 +73,15 @@ class Settings:
 
     seeds: int = 3
     groups: int = 200  # groups per seed for the gradient and credit measures
+    bias_groups: int = 2000  # groups (one environment) for the bias of the mean gradient
     steps: int = 40  # policy-gradient steps of the learning curves
-    groups_per_step: int = 4
-    learning_rate: float = 0.1
+    groups_per_step: int = 8
+    learning_rate: float = 0.5  # the normalised protocol's step size
+    direction_step: float = 0.5  # the direction protocol's step length
 
     @classmethod
     def quick(cls) -> "Settings":
-        return cls(seeds=2, groups=40, steps=8, groups_per_step=2)
+        return cls(seeds=2, groups=40, bias_groups=200, steps=6, groups_per_step=4)
 
 
 @dataclass(frozen=True)
@@ -60,54 +93,89 @@ class Row:
     cosine: Interval
     group_cosines: torch.Tensor  # [seeds * groups], the same groups for every estimator of a regime
     nmse: float
-    mean_gradient_cosine: float
+    bias: Bias
     token_correlation: Interval
-    final_reward: Interval
+    final_reward: dict[str, Interval]  # per protocol
     start_reward: float
     fire_rate: float
     fired_group_size: float
-    curve: list[float]
+    curves: dict[str, list[float]]  # per protocol, mean over seeds
+
+
+@dataclass(frozen=True)
+class _Samples:
+    """What every estimator of a regime is measured on."""
+
+    environments: list[Environment]
+    groups: list[Groups]
+    bias_environment: Environment
+    bias_groups: Groups
+    fire_rate: float
+    fired_group_size: float
 
 
 def run_sweep(settings: Settings, chosen: list[Regime] | None = None, estimators: list[str] | None = None) -> list[Row]:
     """Every estimator in every regime, on the same sampled groups per seed."""
     names = estimators or estimator_names()
     rows = []
-    work = [(regime, name) for regime in (chosen or regimes()) for name in names]
-    for regime, name in tqdm(work, desc="credit benchmark", unit="estimator×regime"):
-        rows.append(_run_one(regime, name, settings))
+    progress = tqdm(total=len(chosen or regimes()) * len(names), desc="credit benchmark", unit="estimator×regime")
+    for regime in chosen or regimes():
+        samples = _sample(regime, settings)
+        for name in names:
+            rows.append(_run_one(regime, name, settings, samples))
+            progress.update()
+    progress.close()
     return rows
 
 
-def _run_one(regime: Regime, name: str, settings: Settings) -> Row:
+def _sample(regime: Regime, settings: Settings) -> _Samples:
+    environments = [Environment.build(regime, seed) for seed in range(settings.seeds)]
+    groups = [sample_groups(env, settings.groups, torch.Generator().manual_seed(seed))
+              for seed, env in enumerate(environments)]
+    rates, sizes = [], []
+    for env, sampled in zip(environments, groups):
+        results = advantages_of("leaf", env, sampled)[1]
+        rate, size = forkability(sum((r.nodes for r in results), []), sum((r.boundaries for r in results), []))
+        rates.append(rate)
+        sizes.append(size)
+    bias_environment = Environment.build(regime, 1000)
+    bias_groups = sample_groups(bias_environment, settings.bias_groups, torch.Generator().manual_seed(1000))
+    return _Samples(environments, groups, bias_environment, bias_groups, _mean(rates), _mean(sizes))
+
+
+def _mean(values: list[float]) -> float:
+    finite = [v for v in values if v == v]
+    return sum(finite) / len(finite) if finite else float("nan")
+
+
+def _run_one(regime: Regime, name: str, settings: Settings, samples: _Samples) -> Row:
     measures: list[CreditMeasures] = []
-    fire_rates, group_sizes = [], []
-    for seed in range(settings.seeds):
-        env = Environment.build(regime, seed)
-        groups = sample_groups(env, settings.groups, torch.Generator().manual_seed(seed))  # same groups for all
+    for env, groups in zip(samples.environments, samples.groups):
         advantages, _ = advantages_of(name, env, groups)
         measures.append(measure_credit(env, groups, advantages))
-        leaf_result = advantages_of("leaf", env, groups)[1]
-        rate, size = forkability(leaf_result.nodes, leaf_result.boundaries)
-        fire_rates.append(rate)
-        group_sizes.append(size)
-    curves = torch.stack([
-        learning_curve(regime, name, seed, settings.steps, settings.groups_per_step, settings.learning_rate)
-        for seed in range(settings.seeds)
-    ])  # [S, steps+1]
+    bias_advantages, _ = advantages_of(name, samples.bias_environment, samples.bias_groups)
+    bias = gradient_bias(samples.bias_environment, samples.bias_groups, bias_advantages)
+    curves = {
+        protocol: torch.stack([
+            learning_curve(regime, name, seed, settings.steps, settings.groups_per_step,
+                           settings.learning_rate if protocol == "normalised" else settings.direction_step, protocol)
+            for seed in range(settings.seeds)
+        ])  # [S, steps+1]
+        for protocol in PROTOCOLS
+    }
     return Row(
         regime=regime.name,
         estimator=name,
         cosine=_pooled([m.cosine for m in measures]),
         group_cosines=torch.cat([m.group_cosines for m in measures]),
         nmse=sum(m.nmse for m in measures) / len(measures),
-        mean_gradient_cosine=sum(m.mean_gradient_cosine for m in measures) / len(measures),
+        bias=bias,
         token_correlation=_pooled([m.token_correlation for m in measures]),
-        final_reward=interval(curves[:, -1]),
-        start_reward=float(curves[:, 0].mean()),
-        fire_rate=sum(fire_rates) / len(fire_rates),
-        fired_group_size=sum(group_sizes) / len(group_sizes),
-        curve=curves.mean(dim=0).tolist(),
+        final_reward={protocol: interval(curve[:, -1]) for protocol, curve in curves.items()},
+        start_reward=float(curves[PROTOCOLS[0]][:, 0].mean()),
+        fire_rate=samples.fire_rate,
+        fired_group_size=samples.fired_group_size,
+        curves={protocol: curve.mean(dim=0).tolist() for protocol, curve in curves.items()},
     )
 
 
@@ -129,42 +197,56 @@ def paired_cosine_gain(rows: list[Row], row: Row, baseline: str = "grpo") -> Int
     return interval(row.group_cosines - other.group_cosines)
 
 
+def _gain_text(rows: list[Row], row: Row, baseline: str) -> str:
+    gain = paired_cosine_gain(rows, row, baseline)
+    if gain is None or row.estimator == baseline:
+        return "–"
+    return f"{gain.mean:+.4f} ± {gain.half_width:.4f}"
+
+
 def markdown_table(rows: list[Row]) -> str:
     """The results table; the best value of each regime's gradient cosine is in bold
     (the oracle excluded)."""
     lines = [
-        "| regime | estimator | grad cosine (95% CI) | − grpo, paired (95% CI) | NMSE (best scale) | cos(mean grad) "
-        "| token corr. (95% CI) | reward after learning (95% CI) | LEAF fire rate | fired group size |",
-        "|---|---|---|---|---:|---:|---|---|---:|---:|",
+        "| regime | estimator | grad cosine (95% CI) | − grpo, paired | − otb, paired | NMSE (best scale) "
+        "| cos(mean grad) | projection | direction bias (excess) | token corr. | J after learning, normalised | J, direction | LEAF fire rate |",
+        "|---|---|---|---|---|---:|---|---|---:|---|---|---|---:|",
     ]
     for regime in dict.fromkeys(row.regime for row in rows):
         members = [row for row in rows if row.regime == regime]
         contenders = [row for row in members if row.estimator != ORACLE]
         best = max(contenders, key=lambda row: row.cosine.mean).estimator if contenders else None
         for row in members:
-            cosine = f"**{row.cosine}**" if row.estimator == best else str(row.cosine)
-            gain = paired_cosine_gain(rows, row)
-            gain_text = "–" if gain is None or row.estimator == "grpo" else f"{gain.mean:+.3f} ± {gain.half_width:.3f}"
+            cosine = f"**{row.cosine:.4f}**" if row.estimator == best else f"{row.cosine:.4f}"
+            final = [f"{row.final_reward[p]} (from {row.start_reward:.3f})" if i == 0 else str(row.final_reward[p])
+                     for i, p in enumerate(PROTOCOLS)]
             lines.append(
-                f"| {row.regime} | {row.estimator} | {cosine} | {gain_text} | {row.nmse:.3f} | {row.mean_gradient_cosine:.3f} "
-                f"| {row.token_correlation} | {row.final_reward} (from {row.start_reward:.3f}) "
-                f"| {row.fire_rate:.2f} | {row.fired_group_size:.1f} |"
+                f"| {row.regime} | {row.estimator} | {cosine} | {_gain_text(rows, row, 'grpo')} "
+                f"| {_gain_text(rows, row, 'otb')} | {row.nmse:.3f} | {row.bias.cosine:.4f} | {row.bias.projection} "
+                f"| {row.bias.excess:.1f} "
+                f"| {row.token_correlation} | {final[0]} | {final[1]} | {row.fire_rate:.2f} |"
             )
     return "\n".join(lines)
 
 
 def write_csv(rows: list[Row], path: Path) -> None:
-    """The table as CSV (one row per regime and estimator, CI bounds as columns)."""
+    """The table as CSV (one row per regime and estimator, CI half-widths as columns)."""
     with Path(path).open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["regime", "estimator", "cosine", "cosine_ci", "cosine_minus_grpo", "cosine_minus_grpo_ci",
-                         "nmse", "mean_gradient_cosine",
-                         "token_correlation", "token_correlation_ci", "final_reward", "final_reward_ci",
+        writer.writerow(["regime", "estimator", "cosine", "cosine_ci",
+                         "cosine_minus_grpo", "cosine_minus_grpo_ci", "cosine_minus_otb", "cosine_minus_otb_ci",
+                         "nmse", "mean_gradient_cosine", "mean_gradient_cosine_ci", "projection", "projection_ci", "direction_bias_excess",
+                         "token_correlation", "token_correlation_ci",
+                         *[f"final_reward_{p}" for p in PROTOCOLS], *[f"final_reward_{p}_ci" for p in PROTOCOLS],
                          "start_reward", "fire_rate", "fired_group_size"])
+        nothing = Interval(float("nan"), float("nan"), 0)
         for row in rows:
-            gain = paired_cosine_gain(rows, row) or Interval(float("nan"), float("nan"), 0)
-            writer.writerow([row.regime, row.estimator, row.cosine.mean, row.cosine.half_width, gain.mean,
-                             gain.half_width, row.nmse,
-                             row.mean_gradient_cosine, row.token_correlation.mean, row.token_correlation.half_width,
-                             row.final_reward.mean, row.final_reward.half_width, row.start_reward, row.fire_rate,
-                             row.fired_group_size])
+            gains = [paired_cosine_gain(rows, row, baseline) or nothing for baseline in BASELINES]
+            writer.writerow([row.regime, row.estimator, row.cosine.mean, row.cosine.half_width,
+                             gains[0].mean, gains[0].half_width, gains[1].mean, gains[1].half_width, row.nmse,
+                             row.bias.cosine.mean, row.bias.cosine.half_width,
+                             row.bias.projection.mean, row.bias.projection.half_width, row.bias.excess,
+                             row.token_correlation.mean, row.token_correlation.half_width,
+                             *[row.final_reward[p].mean for p in PROTOCOLS],
+                             *[row.final_reward[p].half_width for p in PROTOCOLS],
+                             row.start_reward, row.fire_rate, row.fired_group_size])

@@ -1,0 +1,112 @@
+"""A slow, obvious reference of ``tree_rloo`` and ``tree_otb``, written from
+docs/estimators.md alone: plain lists and loops, one response and one token at a time.
+
+Each group is a list of ``Response`` with ``logprobs`` and ``sum_pi_squared`` per token;
+nodes come from the LEAF reference (boundaries by surprisal, exact prefix classes).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+
+from reference_estimators import boundary_nodes, leaf_boundaries, mean, sample_std
+
+KAPPA_EDGES = [1e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3]
+
+
+@dataclass
+class Response:
+    tokens: list[int]
+    reward: float
+    surprisal: list[float] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    sum_pi_squared: list[float] = field(default_factory=list)
+
+
+def node_values(group: list[Response], i: int, nodes, shrink: float) -> list[tuple[int, float]]:
+    """``(position, V̂)`` along response ``i``'s path, the root first."""
+    others = [r.reward for j, r in enumerate(group) if j != i]
+    value = mean(others) if others else group[i].reward
+    chain = [(0, value)]
+    for position, members, _ in sorted((n for n in nodes if i in n[1]), key=lambda n: n[0]):
+        rest = [group[k].reward for k in members if k != i]
+        value = (sum(rest) + shrink * value) / (len(rest) + shrink)
+        chain.append((position, value))
+    return chain
+
+
+def token_values(group: list[Response], i: int, nodes, shrink: float) -> list[float]:
+    """``V̂`` of each token: the deepest path node at or before it."""
+    chain = node_values(group, i, nodes, shrink)
+    return [[v for p, v in chain if p <= t][-1] for t in range(len(group[i].tokens))]
+
+
+def group_scale(group: list[Response], scale: str, std_floor: float, eps: float) -> float:
+    if scale == "none":
+        return 1.0
+    return max(sample_std([r.reward for r in group]), std_floor) + eps
+
+
+def tree_nodes(group, fork_budget, min_group, horizon):
+    return boundary_nodes(group, leaf_boundaries(group, fork_budget, horizon), min_group)
+
+
+def tree_rloo(group, fork_budget=2, min_group=2, horizon="shortest", shrink=4.0, scale="group_std",
+              std_floor=0.0, eps=1e-6) -> list[list[float]]:
+    nodes = tree_nodes(group, fork_budget, min_group, horizon)
+    c = group_scale(group, scale, std_floor, eps)
+    return [[(r.reward - v) / c for v in token_values(group, i, nodes, shrink)] for i, r in enumerate(group)]
+
+
+def weight(r: Response, t: int) -> float:
+    return max(0.0, 1 - 2 * math.exp(r.logprobs[t]) + r.sum_pi_squared[t])
+
+
+def kappas(groups: list[list[Response]], g: int) -> tuple[float, list[float]]:
+    """The floor ``f_g`` and ``κ_{g,k}`` per bin, from every other group."""
+    others = [h for h in range(len(groups)) if h != g]
+    if not others:
+        return 0.0, [1.0] * (len(KAPPA_EDGES) + 1)
+    floor = min(r.reward for h in others for r in groups[h])
+    above = [0.0] * (len(KAPPA_EDGES) + 1)
+    below = [0.0] * (len(KAPPA_EDGES) + 1)
+    total = [0.0] * (len(KAPPA_EDGES) + 1)
+    for h in others:
+        group_mean = mean([r.reward for r in groups[h]])
+        for r in groups[h]:
+            for t in range(len(r.tokens)):
+                k = bisect.bisect_left(KAPPA_EDGES, 1 - r.sum_pi_squared[t])
+                w = weight(r, t)
+                above[k] += w * (r.reward - floor)
+                below[k] += w * (group_mean - floor)
+                total[k] += w
+    return floor, [a / b if b > 1e-12 * max(t, 1e-300) else 1.0 for a, b, t in zip(above, below, total)]
+
+
+def tree_otb(groups: list[list[Response]], fork_budget=2, min_group=2, horizon="shortest", shrink=4.0,
+             scale="none", std_floor=0.0, eps=1e-6, own_share=True) -> list[list[list[float]]]:
+    """Advantages of every group of one batch (κ reads the other groups)."""
+    out = []
+    for g, group in enumerate(groups):
+        nodes = tree_nodes(group, fork_budget, min_group, horizon)
+        floor, kappa = kappas(groups, g)
+        c = group_scale(group, scale, std_floor, eps)
+        cumulative = [[sum(weight(r, u) for u in range(t + 1)) for t in range(len(r.tokens))] for r in group]
+        rows = []
+        for i, r in enumerate(group):
+            values = token_values(group, i, nodes, shrink)
+            row = []
+            for t, v in enumerate(values):
+                k = bisect.bisect_left(KAPPA_EDGES, 1 - r.sum_pi_squared[t])
+                advantage = r.reward - (floor + kappa[k] * (v - floor))
+                if own_share:
+                    running = sum(cumulative[j][t] for j in range(len(group)) if t < len(group[j].tokens))
+                    advantage *= 1 - (cumulative[i][t] / running if running > 0 else 0.0)
+                elif len(group) == 1:
+                    advantage = 0.0
+                row.append(advantage / c)
+            rows.append(row)
+        out.append(rows)
+    return out
