@@ -4,23 +4,28 @@ from __future__ import annotations
 
 import csv
 
+import pytest
+
 from leaf_plugins.cli import main
 
 
 def test_credit_benchmark_writes_table_csv_and_plots(tmp_path, capsys):
-    assert main(["bench", "credit", "--quick", "--out", str(tmp_path), "--regimes", "base", "B=1"]) == 0
+    assert main(["bench", "credit", "--quick", "--out", str(tmp_path), "--regimes", "base", "exact match"]) == 0
     out = capsys.readouterr().out
-    for name in ("grpo", "leaf", "collision", "full_tree", "oracle (true Q-V)"):
+    for name in ("grpo", "leaf", "collision", "full_tree", "otb", "tree_rloo", "tree_otb", "oracle (true Q-V)"):
         assert f"| base | {name} |" in out
-        assert f"| B=1 | {name} |" in out
+        assert f"| exact match | {name} |" in out
     with (tmp_path / "credit.csv").open() as handle:
         rows = list(csv.DictReader(handle))
-    assert len(rows) == 10
+    assert len(rows) == 2 * len({row["estimator"] for row in rows}) >= 16
     oracle = next(row for row in rows if row["estimator"].startswith("oracle") and row["regime"] == "base")
     grpo = next(row for row in rows if row["estimator"] == "grpo" and row["regime"] == "base")
     assert float(oracle["token_correlation"]) > 0.999  # the oracle's credit is the truth itself
     assert float(oracle["cosine"]) > float(grpo["cosine"])  # exact credit has the least variance
-    for picture in ("gradient_cosine.png", "learning_curves.png"):
+    assert float(oracle["projection"]) == pytest.approx(1.0, abs=4 * float(oracle["projection_ci"]) + 0.02)
+    otb = next(row for row in rows if row["estimator"] == "otb" and row["regime"] == "base")
+    assert float(otb["cosine_minus_otb"]) != float(otb["cosine_minus_otb"])  # NaN: no pairing with itself
+    for picture in ("gradient_cosine.png", "learning_curves_normalised.png", "learning_curves_direction.png"):
         assert (tmp_path / picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

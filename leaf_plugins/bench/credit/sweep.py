@@ -74,10 +74,10 @@ class Settings:
     seeds: int = 3
     groups: int = 200  # groups per seed for the gradient and credit measures
     bias_groups: int = 2000  # groups (one environment) for the bias of the mean gradient
-    steps: int = 40  # policy-gradient steps of the learning curves
+    steps: int = 30  # policy-gradient steps of the learning curves
     groups_per_step: int = 8
-    learning_rate: float = 0.5  # the normalised protocol's step size
-    direction_step: float = 0.5  # the direction protocol's step length
+    learning_rate: float = 0.25  # the normalised protocol's step size
+    direction_step: float = 0.25  # the direction protocol's step length
 
     @classmethod
     def quick(cls) -> "Settings":
@@ -190,16 +190,17 @@ def _pooled(parts: list[Interval]) -> Interval:
 
 
 def paired_cosine_gain(rows: list[Row], row: Row, baseline: str = "grpo") -> Interval | None:
-    """Per-group cosine minus the baseline's on the very same groups (mean, 95% CI)."""
+    """Per-group cosine minus the baseline's on the very same groups (mean, 95% CI); None
+    for the baseline itself or where it was not run."""
     other = next((r for r in rows if r.regime == row.regime and r.estimator == baseline), None)
-    if other is None:
+    if other is None or other is row:
         return None
     return interval(row.group_cosines - other.group_cosines)
 
 
 def _gain_text(rows: list[Row], row: Row, baseline: str) -> str:
     gain = paired_cosine_gain(rows, row, baseline)
-    if gain is None or row.estimator == baseline:
+    if gain is None:
         return "–"
     return f"{gain.mean:+.4f} ± {gain.half_width:.4f}"
 
