@@ -86,7 +86,7 @@ def kappas(groups: list[list[Response]], g: int) -> tuple[float, list[float]]:
 
 
 def tree_otb(groups: list[list[Response]], fork_budget=2, min_group=2, horizon="shortest", shrink=4.0,
-             scale="none", std_floor=0.0, eps=1e-6, own_share=True) -> list[list[list[float]]]:
+             scale="group_std", std_floor=0.0, eps=1e-6, own_share=True) -> list[list[list[float]]]:
     """Advantages of every group of one batch (κ reads the other groups)."""
     out = []
     for g, group in enumerate(groups):

@@ -69,11 +69,8 @@ class EstimatorParams:
         return tuple(f.name for f in fields(cls))
 
     @classmethod
-    def for_estimator(
-        cls, estimator: str, accepted: Iterable[str], values: dict[str, Any], defaults: dict[str, Any] | None = None
-    ) -> "EstimatorParams":
-        """Validate ``values`` for an estimator that reads the ``accepted`` names, over the
-        estimator's own ``defaults`` where it has any."""
+    def for_estimator(cls, estimator: str, accepted: Iterable[str], values: dict[str, Any]) -> "EstimatorParams":
+        """Validate ``values`` for an estimator that reads the ``accepted`` names."""
         accepted = tuple(accepted)
         unknown = [key for key in values if key not in accepted]
         if unknown:
@@ -82,4 +79,4 @@ class EstimatorParams:
                 f"estimator {estimator!r} has no parameter {key!r}.{suggest(key, accepted)} "
                 f"Its parameters: {', '.join(accepted) or '(none)'}"
             )
-        return cls(**{**(defaults or {}), **values})
+        return cls(**values)
