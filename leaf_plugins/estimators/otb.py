@@ -18,9 +18,9 @@ from leaf_plugins.core.batch import GroupLayout, RolloutBatch
 from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.core.hookspecs import hookimpl
 from leaf_plugins.core.params import EstimatorParams
-from leaf_plugins.core.tree import Boundaries, Nodes
+from leaf_plugins.core.tree import Nodes
 from leaf_plugins.estimators.group_stats import group_sum
-from leaf_plugins.estimators.grpo import root_only_nodes
+from leaf_plugins.estimators.grpo import GRPO
 from leaf_plugins.estimators.scratch import scratch
 
 __all__ = ["OTB", "optimal_token_advantages", "optimal_token_baselines", "path_weights", "real_tokens", "EPSILON",
@@ -46,13 +46,9 @@ class OTB:
 
     parameters: frozenset[str] = frozenset()
 
-    @hookimpl
-    def select_boundaries(self, batch: RolloutBatch, params: EstimatorParams) -> Boundaries:
-        return Boundaries.empty(batch.groups.count, batch.device)
-
-    @hookimpl
-    def retain_nodes(self, batch: RolloutBatch, boundaries: Boundaries, params: EstimatorParams) -> Nodes:
-        return root_only_nodes(batch)
+    # no boundaries and root-only nodes: GRPO's stages
+    select_boundaries = GRPO.select_boundaries
+    retain_nodes = GRPO.retain_nodes
 
     @hookimpl
     def compute_advantages(self, batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) -> torch.Tensor:
