@@ -1,5 +1,6 @@
 """Synthetic rollout batches shaped like real ones: K responses per prompt that share a
-trunk and branch off at random depths, lengths varying, random surprisal."""
+trunk and branch off at random depths, lengths varying, random surprisal (with the matching
+log-probabilities and a Σπ² consistent with them)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,13 @@ def synthetic_batch(prompts: int, group_size: int, max_tokens: int, vocab: int =
     surprisal = torch.where(mask, torch.rand(n, max_tokens, generator=generator) * 4, 0.0)
     rewards = torch.rand(n, generator=generator)
     group_ids = torch.arange(prompts).repeat_interleave(group_size)
-    return lp.RolloutBatch(tokens, lengths, group_ids, rewards, surprisal=surprisal, vocab_size=vocab)
+    # the policy behind the surprisal: π of the sampled token, and Σ_v π_v² between π² (the rest of the
+    # mass spread thin) and π² + (1 - π)² (the rest on a single token)
+    pi = torch.exp(-surprisal)  # [N, T]
+    spread = torch.rand(n, max_tokens, generator=generator)
+    sum_pi_squared = torch.where(mask, pi * pi + (1 - pi) ** 2 * spread, 0.0)
+    return lp.RolloutBatch(tokens, lengths, group_ids, rewards, surprisal=surprisal, logprobs=-surprisal,
+                           sum_pi_squared=sum_pi_squared, vocab_size=vocab)
 
 
 def as_reference_groups(batch: lp.RolloutBatch):
@@ -43,5 +50,19 @@ def as_reference_groups(batch: lp.RolloutBatch):
         length = int(batch.lengths[i])
         groups.setdefault(int(batch.group_ids[i]), []).append(
             Response(batch.tokens[i, :length].tolist(), float(batch.rewards[i]), batch.surprisal[i, :length].tolist())
+        )
+    return [groups[g] for g in sorted(groups)]
+
+
+def as_policy_groups(batch: lp.RolloutBatch):
+    """The batch as ``otb``'s reference implementation's list of groups."""
+    from reference_otb import PolicyResponse  # tests/ is put on sys.path by conftest
+
+    groups: dict[int, list] = {}
+    for i in range(batch.size):
+        length = int(batch.lengths[i])
+        groups.setdefault(int(batch.group_ids[i]), []).append(
+            PolicyResponse(batch.tokens[i, :length].tolist(), float(batch.rewards[i]),
+                           batch.logprobs[i, :length].tolist(), batch.sum_pi_squared[i, :length].tolist())
         )
     return [groups[g] for g in sorted(groups)]

@@ -9,10 +9,11 @@ from __future__ import annotations
 import pytest
 
 import leaf_plugins as lp
-from batches import SIZES, as_reference_groups, synthetic_batch
+from batches import SIZES, as_policy_groups, as_reference_groups, synthetic_batch
 from reference_estimators import estimate_groups
+from reference_otb import otb_groups
 
-ESTIMATORS = ["grpo", "leaf", "collision", "full_tree"]
+ESTIMATORS = ["grpo", "leaf", "collision", "full_tree", "otb"]
 _BATCHES: dict[str, lp.RolloutBatch] = {}
 
 
@@ -36,12 +37,15 @@ def test_estimator_speed(benchmark, estimator, size):
 
 
 REFERENCE_CASES = [("grpo", "paper-6x8x200"), ("leaf", "paper-6x8x200"), ("collision", "paper-6x8x200"),
-                   ("leaf", "64x8x1024")]
+                   ("otb", "paper-6x8x200"), ("leaf", "64x8x1024")]
 
 
 @pytest.mark.parametrize("estimator, size", REFERENCE_CASES)
 def test_reference_speed(benchmark, estimator, size):
-    groups = as_reference_groups(batch_of(size))
     benchmark.group = size
     benchmark.extra_info.update(estimator=f"{estimator} (reference)", size=size, tokens=int(batch_of(size).lengths.sum()))
-    benchmark.pedantic(estimate_groups, args=(groups, estimator), rounds=3, iterations=1, warmup_rounds=1)
+    if estimator == "otb":
+        run, args = otb_groups, (as_policy_groups(batch_of(size)),)
+    else:
+        run, args = estimate_groups, (as_reference_groups(batch_of(size)), estimator)
+    benchmark.pedantic(run, args=args, rounds=3, iterations=1, warmup_rounds=1)

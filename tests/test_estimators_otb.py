@@ -309,3 +309,16 @@ def test_otb_takes_no_parameters():
     batch, _ = to_batch(policy_groups(1))
     with pytest.raises(lp.ConfigError, match=r"estimator 'otb' has no parameter 'eps'\. Its parameters: \(none\)"):
         lp.estimate(batch, "otb", eps=1e-6)
+
+
+def test_a_very_large_group_needs_no_pairwise_table():
+    """K = 2048 responses of 64 tokens: a K × K × T table would hold 268M floats (1 GiB);
+    the estimator's memory is O(K·T) and it matches the reference."""
+    rng = random.Random(5)
+    group = []
+    for _ in range(2048):
+        length = rng.randint(1, 64)
+        pi = [rng.uniform(0.05, 0.95) for _ in range(length)]
+        group.append(PolicyResponse([0] * length, rng.random(), [math.log(p) for p in pi],
+                                    [p * p + (1 - p) ** 2 * rng.random() for p in pi]))
+    assert_matches_reference([group])

@@ -10,17 +10,21 @@ running (a group of one; the tail of a unique longest response, verl's
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from leaf_plugins.core.batch import GroupLayout, RolloutBatch
 from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.core.hookspecs import hookimpl
 from leaf_plugins.core.params import EstimatorParams
-from leaf_plugins.core.tree import Boundaries, Nodes
-from leaf_plugins.estimators.group_stats import group_sum, per_response
-from leaf_plugins.estimators.grpo import root_only_nodes
+from leaf_plugins.core.tree import Nodes
+from leaf_plugins.estimators.group_stats import group_sum
+from leaf_plugins.estimators.grpo import GRPO
+from leaf_plugins.estimators.scratch import scratch
 
-__all__ = ["OTB", "optimal_token_advantages", "optimal_token_baselines", "EPSILON", "INCONSISTENCY_TOLERANCE"]
+__all__ = ["OTB", "optimal_token_advantages", "optimal_token_baselines", "path_weights", "real_tokens", "EPSILON",
+           "INCONSISTENCY_TOLERANCE"]
 
 EPSILON = 1e-8
 """verl's ``epsilon``, added to the denominator Σ_i W_{i,t} of the baseline."""
@@ -31,7 +35,7 @@ INCONSISTENCY_TOLERANCE = 1e-3
 for any distribution ``Σ_v π_v² >= π_a²``, so the exact weight is ``>= (1 - π_a)² >= 0``."""
 
 _HOW_TO_PROVIDE = (
-    "pass it as RolloutBatch.from_lists(..., logprobs=..., sum_pi_squared=...) (one value per token; "
+    "RolloutBatch.from_lists(..., logprobs=..., sum_pi_squared=...) (one value per token; "
     "logprobs = log π(a_t | x, y_<t), sum_pi_squared = Σ_v π(v | x, y_<t)² of the same policy distribution); "
     "the trainer's rollout records both"
 )
@@ -42,13 +46,9 @@ class OTB:
 
     parameters: frozenset[str] = frozenset()
 
-    @hookimpl
-    def select_boundaries(self, batch: RolloutBatch, params: EstimatorParams) -> Boundaries:
-        return Boundaries.empty(batch.groups.count, batch.device)
-
-    @hookimpl
-    def retain_nodes(self, batch: RolloutBatch, boundaries: Boundaries, params: EstimatorParams) -> Nodes:
-        return root_only_nodes(batch)
+    # no boundaries and root-only nodes: GRPO's stages
+    select_boundaries = GRPO.select_boundaries
+    retain_nodes = GRPO.retain_nodes
 
     @hookimpl
     def compute_advantages(self, batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) -> torch.Tensor:
@@ -58,35 +58,63 @@ class OTB:
 def optimal_token_advantages(batch: RolloutBatch) -> torch.Tensor:
     """``[N, T]`` float32 OTB advantages ``r_i - b_{g(i),t}``, exactly 0 on padding.
 
-    Memory is ``O(N·T)`` (no ``[G, K, K, T]`` or per-pair table).
+    Memory is ``O(N·T)`` (no ``[G, K, K, T]`` or per-pair table); the temporaries live in
+    two reused scratch buffers.
     """
-    logprobs, sum_pi_squared = _policy_fields(batch)
-    baseline = optimal_token_baselines(batch, logprobs, sum_pi_squared)  # [G, T]
-    advantages = batch.rewards.float().unsqueeze(1) - per_response(baseline, batch.groups)  # [N, T]
-    return torch.where(batch.mask, advantages, 0.0)
+    with torch.inference_mode():
+        baseline = optimal_token_baselines(batch)  # [G, T]
+        real = real_tokens(batch)  # [N, T]
+        centred = scratch("otb work", tuple(real.shape), torch.float32, real.device)  # [N, T]
+        torch.index_select(baseline, 0, batch.groups.index, out=centred)
+        torch.sub(batch.rewards.float().unsqueeze(1), centred, out=centred)  # r_i - b_t, padding included
+    # (x · 0) is -0.0 for negative x; adding +0.0 makes the padding +0.0
+    return torch.mul(centred, real).add_(0.0)
 
 
 @torch.inference_mode()
-def optimal_token_baselines(batch: RolloutBatch, logprobs: torch.Tensor, sum_pi_squared: torch.Tensor) -> torch.Tensor:
+def optimal_token_baselines(batch: RolloutBatch) -> torch.Tensor:
     """``[G, T]`` float32 baseline ``b_t`` of every group at every position: the
-    ``W``-weighted mean reward of the responses running at t, or 0 where fewer than two are.
-
-    ``logprobs`` and ``sum_pi_squared`` are ``[N, T]``; their padding is never read.
-    """
-    mask = batch.mask  # [N, T]
-    rewards = batch.rewards.float()  # [N]
-    weight = logprobs.float().exp().mul_(-2).add_(1).add_(sum_pi_squared)  # [N, T]: 1 - 2π + Σπ²
-    _check_consistent(weight, mask, logprobs, sum_pi_squared)
-    # exact weights are >= 0; rounding may leave them a hair below. Padding lies after every real
-    # token of its row, so the cumulative sum at real positions never reads it.
-    cumulative = weight.clamp_(min=0).cumsum_(dim=1).masked_fill_(~mask, 0.0)  # [N, T]: W_{i,t}
+    ``W``-weighted mean reward of the responses running at t (``Σ_i W r_i / (Σ_i W + ε)``),
+    or 0 where fewer than two of the group's responses are running."""
     layout = batch.groups
-    numerator = group_sum(cumulative * rewards.unsqueeze(1), layout)  # [G, T]: Σ_i W_{i,t} G_{i,t}
+    rewards = batch.rewards.float()  # [N]
+    cumulative = path_weights(batch)  # [N, T]: W_{i,t}, 0 on padding (a scratch buffer)
     denominator = group_sum(cumulative, layout).add_(EPSILON)  # [G, T]: Σ_i W_{i,t} + ε
+    numerator = group_sum(cumulative.mul_(rewards.unsqueeze(1)), layout)  # [G, T]: Σ_i W_{i,t} G_{i,t}
     baseline = numerator.div_(denominator)  # [G, T]
-    _check_finite(baseline, rewards, mask, logprobs, sum_pi_squared)
+    _check_finite(baseline, rewards, batch)
     positions = torch.arange(batch.width, device=batch.device)
     return baseline.masked_fill_(positions >= _second_longest(batch.lengths, layout).unsqueeze(1), 0.0)
+
+
+@torch.inference_mode()
+def path_weights(batch: RolloutBatch) -> torch.Tensor:
+    """``[N, T]`` float32 cumulative path weights ``W_{i,t} = Σ_{u<=t} max(0, 1 - 2π_{i,u} + Σ_v π_v²)``,
+    0 on padding, in the scratch buffer ``"otb work"``: valid until the next request for it
+    (use it within one call; copy it to keep it).
+
+    A ConfigError names a missing ``logprobs`` or ``sum_pi_squared`` field, and a token
+    whose ``sum_pi_squared`` is clearly below π² (no distribution allows it). Finite values
+    on the fields' padding are never read (a NaN or an infinity there is reported).
+    """
+    logprobs, sum_pi_squared = _policy_fields(batch)
+    real = real_tokens(batch)  # [N, T]
+    weight = scratch("otb work", tuple(real.shape), torch.float32, real.device)  # [N, T]
+    torch.exp(logprobs, out=weight)  # π
+    torch.add(sum_pi_squared, weight, alpha=-2, out=weight)  # Σπ² - 2π
+    torch.addcmul(real, weight, real, out=weight)  # (1 - 2π + Σπ²) · real: 0 on padding
+    _check_consistent(weight, logprobs, sum_pi_squared)
+    # exact weights are >= 0; rounding may leave them a hair below
+    return weight.clamp_(min=0).cumsum_(dim=1).mul_(real)
+
+
+@torch.inference_mode()
+def real_tokens(batch: RolloutBatch) -> torch.Tensor:
+    """``[N, T]`` float32 mask: 1.0 on real tokens, 0.0 on padding, in the scratch buffer
+    ``"otb real"`` (valid until the next request for it)."""
+    real = scratch("otb real", tuple(batch.tokens.shape), torch.float32, batch.device)  # [N, T]
+    positions = torch.arange(batch.width, dtype=torch.float32, device=batch.device)  # exact below 2^24
+    return torch.lt(positions, batch.lengths.float().unsqueeze(1), out=real)  # float compare: 8x faster than int64
 
 
 def _policy_fields(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,8 +124,9 @@ def _policy_fields(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
     if missing:
         fields = " and ".join(missing)
         raise ConfigError(
-            f"estimator 'otb' weights each token by 1 - 2π + Σπ², which needs the batch's per-token "
-            f"logprobs and sum_pi_squared, but the batch has no {fields}: {_HOW_TO_PROVIDE}"
+            f"the path-variance weights 1 - 2π + Σπ² (of 'otb' and 'tree_otb') need the batch's per-token "
+            f"logprobs and sum_pi_squared, but the batch has no {fields}: "
+            f"pass {'them' if len(missing) > 1 else 'it'} as {_HOW_TO_PROVIDE}"
         )
     return batch.logprobs, batch.sum_pi_squared
 
@@ -113,37 +142,46 @@ def _second_longest(lengths: torch.Tensor, layout: GroupLayout) -> torch.Tensor:
     return member_lengths.topk(2, dim=1).values[:, 1]
 
 
-def _check_consistent(weight: torch.Tensor, mask: torch.Tensor, logprobs: torch.Tensor,
-                      sum_pi_squared: torch.Tensor) -> None:
-    """Raise a ConfigError naming the first real token whose weight ``1 - 2π + Σπ²`` is
-    clearly negative, which no single distribution can produce."""
-    negative = (weight < -INCONSISTENCY_TOLERANCE) & mask  # [N, T]
+def _check_consistent(weight: torch.Tensor, logprobs: torch.Tensor, sum_pi_squared: torch.Tensor) -> None:
+    """Raise a ConfigError naming the first real token whose weight ``1 - 2π + Σπ²``
+    (``weight [N, T]``, 0 on padding) is clearly negative, which no single distribution
+    can produce."""
+    if weight.numel() == 0 or float(weight.amin()) >= -INCONSISTENCY_TOLERANCE:
+        return
+    negative = weight < -INCONSISTENCY_TOLERANCE  # [N, T]; NaN compares False and is reported later
     if not bool(negative.any()):
         return
     i, t = (int(v) for v in negative.nonzero()[0])
     pi = float(logprobs[i, t].exp())
     raise ConfigError(
-        f"estimator 'otb': at response {i}, token {t}, sum_pi_squared = {float(sum_pi_squared[i, t]):.6g} is below "
+        f"path-variance weights: at response {i}, token {t}, sum_pi_squared = {float(sum_pi_squared[i, t]):.6g} is below "
         f"π² = {pi * pi:.6g} of the sampled token (π = exp(logprobs) = {pi:.6g}), which no distribution allows "
         f"(Σ_v π_v² >= π_a²): logprobs and sum_pi_squared must come from the same policy distribution "
         f"(the one the loss differentiates, not the top-p/temperature sampling one)"
     )
 
 
-def _check_finite(baseline: torch.Tensor, rewards: torch.Tensor, mask: torch.Tensor, logprobs: torch.Tensor,
-                  sum_pi_squared: torch.Tensor) -> None:
-    """Raise a ConfigError naming the field and entry that holds a NaN or an infinity."""
-    if bool(torch.isfinite(baseline).all()) and bool(torch.isfinite(rewards).all()):
+def _check_finite(baseline: torch.Tensor, rewards: torch.Tensor, batch: RolloutBatch) -> None:
+    """Raise a ConfigError naming the field and entry that holds a NaN or an infinity.
+
+    The baseline is a weighted mean of the rewards, so its sum overflows only when an
+    input is not finite: one reduction decides, the search runs only on failure.
+    """
+    if math.isfinite(float(baseline.sum())) and math.isfinite(float(rewards.sum())):
         return
-    if not bool(torch.isfinite(rewards).all()):
-        i = int((~torch.isfinite(rewards)).nonzero()[0, 0])
-        raise ConfigError(f"estimator 'otb': rewards[{i}] = {float(rewards[i])} is not finite")
-    for name, values in (("logprobs", logprobs), ("sum_pi_squared", sum_pi_squared)):
-        bad = ~torch.isfinite(values) & mask  # [N, T]
-        if bool(bad.any()):
-            i, t = (int(v) for v in bad.nonzero()[0])
-            raise ConfigError(f"estimator 'otb': {name}[{i}, {t}] = {float(values[i, t])} is not finite")
-    raise ConfigError("estimator 'otb': the baseline overflowed (weights or rewards too large for float32)")
+    bad_rewards = ~torch.isfinite(rewards)  # [N]
+    if bool(bad_rewards.any()):
+        i = int(bad_rewards.nonzero()[0, 0])
+        raise ConfigError(f"optimal token baseline: rewards[{i}] = {float(rewards[i])} is not finite")
+    mask = batch.mask  # [N, T]
+    for where, inside in (("", mask), (" (padding must hold finite values, 0 by convention)", ~mask)):
+        for name in ("logprobs", "sum_pi_squared"):
+            values = getattr(batch, name)  # [N, T]
+            bad = ~torch.isfinite(values) & inside  # [N, T]
+            if bool(bad.any()):
+                i, t = (int(v) for v in bad.nonzero()[0])
+                raise ConfigError(f"path-variance weights: {name}[{i}, {t}] = {float(values[i, t])} is not finite{where}")
+    raise ConfigError("optimal token baseline: overflowed (weights or rewards too large for float32)")
 
 
 @hookimpl
