@@ -229,7 +229,7 @@ def test_tree_otb_names_a_missing_policy_field(missing):
     fields = {"logprobs": [[-0.1]], "sum_pi_squared": [[0.9]]}
     del fields[missing]
     batch = lp.RolloutBatch.from_lists([[1]], [1.0], [0], surprisal=[[1.0]], **fields)
-    with pytest.raises(ConfigError, match=f"'{missing}'"):
+    with pytest.raises(ConfigError, match=f"the batch has no {missing}: pass it as RolloutBatch.from_lists"):
         lp.estimate(batch, "tree_otb")
 
 

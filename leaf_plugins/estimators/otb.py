@@ -23,7 +23,7 @@ from leaf_plugins.estimators.group_stats import group_sum
 from leaf_plugins.estimators.grpo import GRPO
 from leaf_plugins.estimators.scratch import scratch
 
-__all__ = ["OTB", "optimal_token_advantages", "optimal_token_baselines", "path_weights", "real_tokens", "EPSILON",
+__all__ = ["OTB", "optimal_token_advantages", "optimal_token_baselines", "path_weights", "token_weights", "real_tokens", "EPSILON",
            "INCONSISTENCY_TOLERANCE"]
 
 EPSILON = 1e-8
@@ -89,23 +89,35 @@ def optimal_token_baselines(batch: RolloutBatch) -> torch.Tensor:
 
 @torch.inference_mode()
 def path_weights(batch: RolloutBatch) -> torch.Tensor:
-    """``[N, T]`` float32 cumulative path weights ``W_{i,t} = Σ_{u<=t} max(0, 1 - 2π_{i,u} + Σ_v π_v²)``,
-    0 on padding, in the scratch buffer ``"otb work"``: valid until the next request for it
-    (use it within one call; copy it to keep it).
+    """``[N, T]`` float32 cumulative path weights ``W_{i,t} = Σ_{u<=t} w_{i,u}`` (see
+    ``token_weights``), 0 on padding, in the scratch buffer ``"otb work"``: valid until
+    the next request for it (use it within one call; copy it to keep it)."""
+    real = real_tokens(batch)  # [N, T]
+    return token_weights(batch, real).cumsum_(dim=1).mul_(real)
+
+
+def token_weights(
+    batch: RolloutBatch, real: torch.Tensor | None = None, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """``[N, T]`` token weights ``w_{i,u} = max(0, 1 - 2π_{i,u} + Σ_v π_v²)``, the squared
+    norm of the softmax score of the sampled token, 0 on padding, in the scratch buffer
+    ``"otb work"`` of ``dtype`` (``real``: the float mask of ``real_tokens``, if at hand).
+    float32 is verl's arithmetic; float64 keeps the weights of near-deterministic tokens,
+    ``(1 - π)²``, from cancelling away.
 
     A ConfigError names a missing ``logprobs`` or ``sum_pi_squared`` field, and a token
     whose ``sum_pi_squared`` is clearly below π² (no distribution allows it). Finite values
     on the fields' padding are never read (a NaN or an infinity there is reported).
     """
     logprobs, sum_pi_squared = _policy_fields(batch)
-    real = real_tokens(batch)  # [N, T]
-    weight = scratch("otb work", tuple(real.shape), torch.float32, real.device)  # [N, T]
-    torch.exp(logprobs, out=weight)  # π
-    torch.add(sum_pi_squared, weight, alpha=-2, out=weight)  # Σπ² - 2π
+    real = (real_tokens(batch) if real is None else real).to(dtype)  # [N, T]
+    weight = scratch("otb work", tuple(real.shape), dtype, real.device)  # [N, T]
+    torch.exp(logprobs.to(dtype), out=weight)  # π
+    torch.add(sum_pi_squared.to(dtype), weight, alpha=-2, out=weight)  # Σπ² - 2π
     torch.addcmul(real, weight, real, out=weight)  # (1 - 2π + Σπ²) · real: 0 on padding
     _check_consistent(weight, logprobs, sum_pi_squared)
     # exact weights are >= 0; rounding may leave them a hair below
-    return weight.clamp_(min=0).cumsum_(dim=1).mul_(real)
+    return weight.clamp_(min=0)
 
 
 @torch.inference_mode()

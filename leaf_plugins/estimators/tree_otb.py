@@ -33,7 +33,7 @@ from leaf_plugins.core.tree import Nodes
 from leaf_plugins.estimators.group_stats import group_extreme, group_mean, group_sum, per_response
 from leaf_plugins.estimators.tree_baselines import path_baselines
 from leaf_plugins.estimators.tree_rloo import TreeRLOO, group_scale
-from leaf_plugins.estimators.variance_weights import score_norms
+from leaf_plugins.estimators.otb import token_weights
 
 __all__ = ["TreeOTB", "KAPPA_EDGES", "value_ratios"]
 
@@ -48,7 +48,8 @@ class TreeOTB(TreeRLOO):
 
     @hookimpl
     def compute_advantages(self, batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) -> torch.Tensor:
-        weights = score_norms(batch, "tree_otb")  # [N, T]
+        with torch.inference_mode():
+            weights = token_weights(batch, dtype=torch.float64).clone()  # [N, T] w = 1 − 2π + Σπ², 0 on padding
         baselines = path_baselines(batch, nodes, params.shrink)
         value = baselines.paint(baselines.values, batch.width)  # [N, T] float64 V̂
         with torch.inference_mode():
