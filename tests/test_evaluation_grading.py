@@ -242,3 +242,13 @@ def test_report_reads_metrics_and_judge_files(tmp_path):
     bad.mkdir()
     (bad / "da_items.csv").write_text("id,score,parsed,unparsable\na,high,1,0\n")
     assert main(["eval", "report", str(bad), "--out", str(tmp_path)]) == 2
+
+
+def test_the_docs_show_the_exact_prompts():
+    from pathlib import Path
+
+    from leaf_plugins.evaluation.grading_prompts import DA_QA, DA_TRANSLATION, LIKERT_PROMPT
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "evaluation.md").read_text()
+    for text in (DA_QA, DA_TRANSLATION, LIKERT_SYSTEM, LIKERT_PROMPT, RUBRICS["qa"], RUBRICS["translation"]):
+        assert f"```text\n{text}\n```" in docs, text[:60]

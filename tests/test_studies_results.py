@@ -97,7 +97,8 @@ def test_two_seeds_give_paired_differences_over_items_only_and_say_why(tmp_path,
     assert leaf["delta_bleu_seed_level"] == "False" and rows["estimator=grpo"]["delta_bleu"] == ""
     assert float(leaf["delta_bleu_low"]) <= float(leaf["delta_bleu"]) <= float(leaf["delta_bleu_high"])
     assert "items only: 2 seeds too few for a seed-level interval (>= 5)" in table
-    assert "Paired difference vs 'estimator=grpo'" in table and "IQM over seeds (rliable) not shown" in table
+    assert "Paired difference vs estimator=grpo (same seeds, same items)" in table
+    assert "| estimator=leaf | estimator=grpo | 2 |" in table and "IQM over seeds (rliable) not shown" in table
     assert (tmp_path / "out" / "learning_curves.png").stat().st_size > 0
 
 
@@ -159,13 +160,30 @@ evaluation:
     with pytest.raises(ConfigError) as caught:
         load_study(path)
     message = str(caught.value)
-    for line in (f"{path}:3:1: compare_to: no variation is named 'estimator=grp'. Did you mean 'estimator=grpo'",
+    for line in (f"{path}:3:1: compare_to: 'estimator=grp' is neither a variation nor a setting of one. Did you mean "
+                 "'estimator=grpo'",
                  f"{path}:6:29: evaluation.judges.da.task: unknown value 'translaton'. Did you mean 'translation'?",
                  f"{path}:6:47: evaluation.judges.da.dtype: unknown value 'bf16'",
                  f"{path}:7:5: unknown key 'evaluation.judges.likret'. Did you mean 'likert'?"):
         assert line in message, (line, message)
     assert (task_kind("auto", "covost2-en-de"), task_kind("auto", "spoken-qa"), task_kind("qa", "covost2-en-de")) == (
         "translation", "qa", "qa")
+
+
+def test_compare_to_a_grid_setting_pairs_each_variation_with_its_own_baseline(tmp_path):
+    path = tmp_path / "grid.yaml"
+    path.write_text("""\
+base: {steps: 3}
+grid: {estimator.name: [grpo, leaf], optim.learning_rate: [0.1, 0.2]}
+compare_to: estimator=grpo
+""")
+    study = load_study(path)
+    assert study.baseline_of("estimator=leaf, learning_rate=0.2") == "estimator=grpo, learning_rate=0.2"
+    assert study.baseline_of("estimator=grpo, learning_rate=0.1") == "estimator=grpo, learning_rate=0.1"
+    labelled = load_study(path, ["compare_to=estimator=grpo, learning_rate=0.1"])
+    assert labelled.baseline_of("estimator=leaf, learning_rate=0.2") == "estimator=grpo, learning_rate=0.1"
+    assert load_study(path, ["compare_to=null"]).baseline_of("estimator=leaf, learning_rate=0.2") == (
+        "estimator=grpo, learning_rate=0.1")  # default: the first variation
 
 
 def test_judges_score_finished_runs_once_and_enter_the_table(tmp_path):

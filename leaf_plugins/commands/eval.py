@@ -202,14 +202,12 @@ def run_tail(args: argparse.Namespace) -> int:
 
 
 def run_grading(args: argparse.Namespace) -> int:
-    from leaf_plugins.evaluation.grading import grade, summary_rows, write_grades
-    from leaf_plugins.evaluation.grading_prompts import GradeItem
+    from leaf_plugins.evaluation.grading import grade, grade_items, summary_rows, write_grades
     from leaf_plugins.evaluation.judge_model import load_judge
     from leaf_plugins.evaluation.predictions import read_predictions
 
     found = read_predictions(args.predictions, args.prediction_key, args.reference_key, args.question_key)
-    items = [GradeItem(*fields) for fields in zip(found.ids, found.questions, found.references, found.predictions)]
-    items = items[: args.limit]
+    items = grade_items(found)[: args.limit]
     extra = ({"source_lang": args.source_lang, "target_lang": args.target_lang} if args.protocol == "da" else
              {"rubric": args.rubric.read_text() if args.rubric else None})
     judge = load_judge(args.judge, args.device, args.dtype)

@@ -26,10 +26,11 @@ from leaf_plugins.core.errors import ConfigError, suggest
 from leaf_plugins.evaluation.grading_parse import PROBLEMS, Parsed, parse_da, parse_likert
 from leaf_plugins.evaluation.grading_prompts import LIKERT_SYSTEM, GradeItem, da_prompt, likert_prompt
 from leaf_plugins.evaluation.judge_model import JudgeModel
+from leaf_plugins.evaluation.predictions import PredictionFile
 from leaf_plugins.evaluation.tail_risk import Estimate, bootstrap, mean
 
 __all__ = ["Protocol", "PROTOCOLS", "Grades", "grade", "write_grades", "read_item_scores", "items_file",
-           "protocol", "summary_rows", "score_estimate"]
+           "protocol", "summary_rows", "score_estimate", "grade_items"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,12 @@ def protocol(name: str) -> Protocol:
 def items_file(name: str) -> str:
     """The per-item file name of protocol ``name`` in an output directory."""
     return f"{name}_items.csv"
+
+
+def grade_items(predictions: PredictionFile) -> list[GradeItem]:
+    """The items of a prediction file, ready to grade (question, reference, prediction)."""
+    return [GradeItem(*fields) for fields in zip(predictions.ids, predictions.questions, predictions.references,
+                                                 predictions.predictions)]
 
 
 @dataclass(frozen=True)

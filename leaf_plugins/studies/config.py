@@ -8,7 +8,8 @@ grid: {estimator.name: [grpo, leaf]}       # the cross product of these values
 variations:                                # and/or a list of labelled settings
   - {label: GA only, estimator.params.terms: ga}
 seeds: [0, 1, 2]
-compare_to: grpo                           # the baseline variation of the paired differences
+compare_to: estimator=grpo                 # the baseline of the paired differences: a variation's label, or
+                                           # a grid setting (each variation vs the one differing only there)
 evaluation:
   split: validation
   runs: 1
@@ -102,7 +103,7 @@ class StudyConfig:
     grid: dict[str, Any] = field(default_factory=dict)
     variations: list[Any] = field(default_factory=list)
     seeds: list[int] = field(default_factory=lambda: [0])
-    compare_to: str | None = None  # the baseline variation of the paired differences (default: the first)
+    compare_to: str | None = None  # the paired differences' baseline: a variation label or a grid `key=value`
     evaluation: EvaluationSettings = field(default_factory=EvaluationSettings)
 
 
@@ -136,6 +137,24 @@ class Study:
     @property
     def variations(self) -> list[str]:
         return list(dict.fromkeys(run.variation for run in self.runs))
+
+    def baseline_of(self, variation: str) -> str | None:
+        """The variation ``variation`` is compared with: ``compare_to`` when it is a label
+        (default: the first variation); for a setting ``name=value`` (``estimator=grpo``,
+        ``fork_budget=2``: a key's last part, as in labels) the variation whose settings
+        equal ``variation``'s except that key, which has that value; None when none does."""
+        target = self.config.compare_to or self.variations[0]
+        if target in self.variations:
+            return target
+        name, _, value = target.partition("=")
+        settings = {run.variation: run.settings for run in self.runs}
+        mine = settings[variation]
+        for key in [key for key in mine if _short(key) == name]:
+            for other, theirs in settings.items():
+                if theirs.keys() == mine.keys() and str(theirs[key]) == value and all(
+                        theirs[k] == mine[k] for k in mine if k != key):
+                    return other
+        return None
 
 
 def slug(label: str) -> str:
@@ -177,10 +196,7 @@ def load_study(path: Path, overrides: Iterable[str] = (), host: PluginHost | Non
             config, found = build_collecting(TrainConfig, tree, where, validators, prefix="base.")
             errors += found
             runs.append(PlannedRun(label, seed, config, settings))
-    names = list(dict.fromkeys(run.variation for run in runs))
-    if study.compare_to is not None and study.compare_to not in names:
-        errors.append(f"{key_location(data, 'compare_to', where)}: compare_to: no variation is named "
-                      f"{study.compare_to!r}.{suggest(study.compare_to, names)} Variations: {', '.join(names)}")
+    errors += _compare_to_problems(study.compare_to, runs, data, where)
     if not errors:
         errors += _estimator_problems(runs, where, host)
     if errors:
@@ -211,6 +227,19 @@ def _known_metrics(names: Any) -> str | None:
     if unknown:
         return f"unknown metric {unknown[0]!r}.{suggest(str(unknown[0]), METRICS)} Metrics: {', '.join(METRICS)}"
     return None
+
+
+def _compare_to_problems(target: str | None, runs: list[PlannedRun], data: CommentedMap, where: str) -> list[str]:
+    """Why ``compare_to`` names neither a variation nor a ``name=value`` setting of one."""
+    if target is None:
+        return []
+    names = list(dict.fromkeys(run.variation for run in runs))
+    settings = list(dict.fromkeys(f"{_short(key)}={value}" for run in runs for key, value in run.settings.items()))
+    if target in names or target in settings:
+        return []
+    return [f"{key_location(data, 'compare_to', where)}: compare_to: {target!r} is neither a variation nor a setting "
+            f"of one.{suggest(target, names + settings)} Variations: {', '.join(names)}; settings: "
+            f"{', '.join(settings) or '(none)'}"]
 
 
 def _judge_validators() -> dict:

@@ -84,8 +84,7 @@ def judge_runs(directories: Iterable[tuple[Path, str]], judges: JudgesSettings) 
     each judge that names a model, skipping directories that already hold its per-item
     file (so judges added to a finished study score it without retraining). Each judge
     model is loaded once for all directories."""
-    from leaf_plugins.evaluation.grading import grade, items_file, write_grades
-    from leaf_plugins.evaluation.grading_prompts import GradeItem
+    from leaf_plugins.evaluation.grading import grade, grade_items, items_file, write_grades
     from leaf_plugins.evaluation.judge_model import load_judge
 
     directories = list(directories)
@@ -98,9 +97,7 @@ def judge_runs(directories: Iterable[tuple[Path, str]], judges: JudgesSettings) 
             continue
         judge = load_judge(settings.model, settings.device, settings.dtype)
         for directory, task in todo:
-            found = read_predictions(directory / PREDICTIONS)
-            items = [GradeItem(*fields) for fields in zip(found.ids, found.questions, found.references,
-                                                          found.predictions)]
+            items = grade_items(read_predictions(directory / PREDICTIONS))
             grades = grade(judge, items, name, settings.samples, settings.temperature,
                            max_new_tokens=settings.max_new_tokens, batch_size=settings.batch_size, seed=settings.seed,
                            kind=task_kind(settings.task, task), chat=settings.chat_template)

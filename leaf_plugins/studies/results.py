@@ -1,6 +1,7 @@
 """The results of a study, rendered from its saved files only (no model is loaded, nothing
 is retrained): per variation, the mean over seeds of every metric; per variation, the
-paired difference to the baseline variation (``compare_to``, default the first) with a
+paired difference to its baseline variation (``compare_to``: a variation, default the
+first, or a grid setting such as ``estimator=grpo``; ``Study.baseline_of``) with a
 hierarchical bootstrap interval over seeds and items; per run, every metric
 (``results_runs.csv``); and learning curves as a PNG.
 
@@ -27,7 +28,7 @@ from leaf_plugins.studies.paired import PAIRED_METRICS, paired_difference, read_
 from leaf_plugins.studies.statistics import (MIN_SEEDS_FOR_INTERVAL, MIN_SEEDS_FOR_IQM, Interval,
                                              interquartile_mean)
 
-__all__ = ["write_results", "seed_interval", "COLUMNS", "compare_to"]
+__all__ = ["write_results", "seed_interval", "COLUMNS"]
 
 # metric key → column title, in table order (metrics a study did not compute are left out)
 COLUMNS = {
@@ -51,11 +52,6 @@ def seed_interval(values: list[float], resamples: int = RESAMPLES, seed: int = 0
     means = data[torch.randint(data.numel(), (resamples, data.numel()), generator=generator)].mean(dim=1)  # [R]
     low, high = torch.quantile(means, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
     return mean, low, high
-
-
-def compare_to(study: Study) -> str:
-    """The baseline variation of the paired differences: ``compare_to``, else the first."""
-    return study.config.compare_to or study.variations[0]
 
 
 def _judge_means(directory: Path) -> dict[str, float]:
@@ -144,27 +140,29 @@ def _spread_note(fewest: int) -> str:
 
 
 def _paired_lines(study: Study, by_variation: dict[str, list[dict]], records: dict[str, dict]) -> list[str]:
-    """The table of paired differences to the baseline variation (records get its fields)."""
-    if not by_variation:
-        return []
-    baseline = compare_to(study)
+    """The table of paired differences to each variation's baseline (records get its fields)."""
     items = {variation: {row["seed"]: read_run_items(Path(row["directory"])) for row in chosen}
              for variation, chosen in by_variation.items()}
     items = {v: {s: found for s, found in runs.items() if found is not None} for v, runs in items.items()}
-    if baseline not in items:
-        return ["", f"Paired differences vs {baseline!r}: none yet (no run of the baseline variation finished)."]
+    baselines = {variation: study.baseline_of(variation) for variation in items}
+    target = study.config.compare_to or study.variations[0]
+    if not any(baseline and baseline != variation for variation, baseline in baselines.items()):
+        return []
     metrics = [key for key in PAIRED_METRICS if key in ("bleu", "length") or any(
         key in found.judges for runs in items.values() for found in runs.values())]
-    header = ["variation", "seeds paired", *(f"Δ{PAIRED_METRICS[key]}" for key in metrics), "interval over"]
-    lines = ["", f"Paired difference vs {baseline!r} (same seeds, same items): mean over seeds of the per-seed "
+    header = ["variation", "baseline", "seeds paired", *(f"Δ{PAIRED_METRICS[key]}" for key in metrics),
+              "interval over"]
+    lines = ["", f"Paired difference vs {target} (same seeds, same items): mean over seeds of the per-seed "
              f"difference [hierarchical bootstrap 95% CI: seeds resampled, then items within each seed; "
              f"{RESAMPLES} resamples].", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for variation, runs in items.items():
-        if variation == baseline:
+        baseline = baselines[variation]
+        if baseline is None or baseline == variation:
             continue
-        cells, kinds = [variation, str(len(set(runs) & set(items[baseline])))], set()
+        theirs = items.get(baseline, {})
+        cells, kinds = [variation, baseline, str(len(set(runs) & set(theirs)))], set()
         for key in metrics:
-            found = paired_difference(key, runs, items[baseline], RESAMPLES)
+            found = paired_difference(key, runs, theirs, RESAMPLES)
             if isinstance(found, Interval):
                 records[variation].update({f"delta_{key}": found.value, f"delta_{key}_low": found.low,
                                            f"delta_{key}_high": found.high, f"delta_{key}_seed_level": found.seed_level})
