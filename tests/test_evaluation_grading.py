@@ -143,7 +143,7 @@ def test_a_forced_judge_gives_exact_means_counts_and_csv(judge_dir, tmp_path):
     assert grades.item_scores == [85.0, None, 45.0]
     assert grades.counts == {"judgments": 12, "parsed": 7, "unparsable": 5, NO_SCORE: 2, OUT_OF_RANGE: 2,
                              AMBIGUOUS: 1, NOT_INTEGER: 0, "items_without_score": 1}
-    write_grades(grades, tmp_path)
+    assert write_grades(grades, tmp_path)[-1].stat().st_size > 0  # da_scores.png
     assert (tmp_path / "da_items.csv").read_text().splitlines() == [
         "id,score,parsed,unparsable,judgment_1,judgment_2,judgment_3,judgment_4,problems",
         "a,85,3,1,85,90,80,,4: no score",

@@ -72,7 +72,8 @@ def resample_weights(items: int, resamples: int, seed: int) -> torch.Tensor:
     (N draws with replacement per resample; float64 counts, seeded)."""
     generator = torch.Generator().manual_seed(seed)
     index = torch.randint(items, (resamples, items), generator=generator)  # [R, N]
-    return torch.zeros(resamples, items, dtype=torch.float64).scatter_add_(1, index, torch.ones_like(index, dtype=torch.float64))
+    ones = torch.ones_like(index, dtype=torch.float64)
+    return torch.zeros(resamples, items, dtype=torch.float64).scatter_add_(1, index, ones)
 
 
 def _percentiles(values: torch.Tensor, level: float) -> tuple[float, float]:

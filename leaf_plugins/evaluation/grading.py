@@ -9,7 +9,8 @@ parsed scores (None when none parsed). Nothing unparsable is dropped silently or
 
 ``write_grades`` writes ``<protocol>_items.csv`` (one row per item: the score, how many
 judgments parsed and each judgment), ``<protocol>_outputs.jsonl`` (every raw output) and
-``<protocol>.md``/``.csv`` (the run's summary). ``read_item_scores`` reads the per-item
+``<protocol>.md``/``.csv`` (the run's summary) and ``<protocol>_scores.png`` (a histogram
+of the item scores). ``read_item_scores`` reads the per-item
 file back (``leaf eval tail``, ``leaf eval report`` and studies do).
 """
 
@@ -207,7 +208,27 @@ def write_grades(grades: Grades, out_dir: str | Path) -> list[Path]:
         csv.writer(handle).writerows([("statistic", "value"), *rows])
     table = ["| statistic | value |", "|---|---|", *(f"| {label} | {value} |" for label, value in rows)]
     (out_dir / f"{name}.md").write_text("\n".join(table) + "\n")
-    return [items_path, outputs_path, out_dir / f"{name}.md", out_dir / f"{name}.csv"]
+    plot = _plot_scores(grades, out_dir / f"{name}_scores.png")
+    return [items_path, outputs_path, out_dir / f"{name}.md", out_dir / f"{name}.csv", plot]
+
+
+def _plot_scores(grades: Grades, path: Path) -> Path:
+    """Histogram of the item scores over the protocol's scale; the title counts what did not parse."""
+    from leaf_plugins.analysis.plots import pyplot
+
+    plt = pyplot()
+    chosen, counts = grades.protocol, grades.counts
+    scores = [score for score in grades.item_scores if score is not None]
+    figure, axis = plt.subplots(figsize=(6, 3.5))
+    axis.hist(scores, bins=20, range=(chosen.low, chosen.high), color="tab:blue")
+    axis.set_xlabel(f"item score (mean of parsed judgments), {chosen.title}")
+    axis.set_ylabel("items")
+    axis.set_title(f"{Path(grades.judge).name}: {len(scores)} of {len(grades.items)} items scored; "
+                   f"{counts['unparsable']} of {counts['judgments']} judgments unparsable", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
 
 
 def read_item_scores(path: str | Path) -> tuple[list[str], list[float | None]]:

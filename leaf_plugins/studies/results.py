@@ -135,8 +135,8 @@ def write_results(study: Study) -> Path:
 def _spread_note(fewest: int) -> str:
     if fewest >= MIN_SEEDS_FOR_INTERVAL:
         return "Mean over seeds [percentile bootstrap 95% CI over seeds]."
-    return (f"Mean over seeds (lowest–highest seed). Not an interval: {fewest} seed{'s' * (fewest != 1)} per variation "
-            f"are too few for a seed-level confidence interval (>= {MIN_SEEDS_FOR_INTERVAL} needed).")
+    return (f"Mean over seeds (lowest–highest seed). Not an interval: {fewest} seed{'s' * (fewest != 1)} per "
+            f"variation are too few for a seed-level confidence interval (>= {MIN_SEEDS_FOR_INTERVAL} needed).")
 
 
 def _paired_lines(study: Study, by_variation: dict[str, list[dict]], records: dict[str, dict]) -> list[str]:
@@ -165,7 +165,8 @@ def _paired_lines(study: Study, by_variation: dict[str, list[dict]], records: di
             found = paired_difference(key, runs, theirs, RESAMPLES)
             if isinstance(found, Interval):
                 records[variation].update({f"delta_{key}": found.value, f"delta_{key}_low": found.low,
-                                           f"delta_{key}_high": found.high, f"delta_{key}_seed_level": found.seed_level})
+                                           f"delta_{key}_high": found.high,
+                                           f"delta_{key}_seed_level": found.seed_level})
                 cells.append(str(found))
                 kinds.add(_interval_kind(found))
             else:
