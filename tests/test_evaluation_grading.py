@@ -252,3 +252,30 @@ def test_the_docs_show_the_exact_prompts():
     docs = (Path(__file__).resolve().parents[1] / "docs" / "evaluation.md").read_text()
     for text in (DA_QA, DA_TRANSLATION, LIKERT_SYSTEM, LIKERT_PROMPT, RUBRICS["qa"], RUBRICS["translation"]):
         assert f"```text\n{text}\n```" in docs, text[:60]
+
+
+def test_chat_formatting_with_and_without_a_template():
+    from leaf_plugins.backbones.tokenizer import train_tokenizer
+    from leaf_plugins.evaluation.judge_model import JudgeModel
+
+    tokenizer = train_tokenizer(["<eos>", "<pad>"], eos_token="<eos>", pad_token="<pad>", vocab_size=300)
+    judge = JudgeModel("j", torch.nn.Identity(), tokenizer, torch.device("cpu"))
+    assert judge.format("P", "S") == ("<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nP<|im_end|>\n"
+                                      "<|im_start|>assistant\n")
+    assert judge.format("P", "S", chat=False) == "S\n\nP"
+    tokenizer.chat_template = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system') }}"
+                               "{% endif %}<u>{{ m['content'] }}</u>{% endfor %}")
+    assert judge.format("P", "S") == "<u>S\n\nP</u>"  # a template refusing a system turn gets it on top
+    tokenizer.chat_template = None
+    assert not judge.has_chat_template and judge.format("P") == "P"
+
+
+def test_bad_decoding_is_refused_before_the_judge_is_loaded(tmp_path, capsys):
+    predictions = tmp_path / "p.jsonl"
+    predictions.write_text(json.dumps({"prediction": "a", "reference": "b"}) + "\n")
+    missing = str(tmp_path / "no-judge")
+    assert main(["eval", "likert", "--judge", missing, "--predictions", str(predictions), "--samples", "3"]) == 2
+    assert "temperature 0 is greedy decoding: 3 samples would be identical" in capsys.readouterr().err
+    assert main(["eval", "da", "--judge", missing, "--predictions", str(predictions), "--limit", "0"]) == 2
+    assert main(["eval", "da", "--judge", missing, "--predictions", str(predictions)]) == 2
+    assert "could not be loaded" in capsys.readouterr().err

@@ -19,6 +19,7 @@ from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.studies.config import load_study
 from leaf_plugins.studies.evaluate import judge_runs, task_kind
 from leaf_plugins.studies.results import write_results
+from leaf_plugins.studies.runner import _claim, run_study
 from leaf_plugins.studies.statistics import hierarchical_bootstrap, interquartile_mean, mean_statistic
 
 REFERENCES = ["the cat sat on the mat", "my sister lives in berlin", "the weather is cold today",
@@ -60,7 +61,7 @@ evaluation: {{metrics: [bleu, length]{judges}}}
     for run in study.runs:
         variation = run.config.estimator.name
         predictions = _predictions(variation, run.seed)
-        run.directory.mkdir(parents=True)
+        _claim(run, study, write=True)  # the run directory's record of its settings, as the runner writes it
         with (run.directory / "predictions-run0.jsonl").open("w") as handle:
             for k, (prediction, reference) in enumerate(zip(predictions, REFERENCES)):
                 handle.write(json.dumps({"id": f"i{k}", "prediction": prediction, "reference": reference,
@@ -191,15 +192,13 @@ def test_judges_score_finished_runs_once_and_enter_the_table(tmp_path):
 
     judge = tmp_path / "judge"
     _tiny_judge(judge)
-    judges = f", judges: {{likert: {{model: {judge}, max_new_tokens: 4}}}}"
-    study = load_study(finished_study(tmp_path, [0], judges))
-    directories = [(run.directory, run.config.task.name) for run in study.runs]
-    judge_runs(directories, study.config.evaluation.judges)
+    path = finished_study(tmp_path, [0])  # finished without judges
+    study = load_study(path, [f"evaluation.judges.likert.model={judge}", "evaluation.judges.likert.max_new_tokens=4"])
+    table = run_study(study).read_text()  # judges added later: they score the finished runs, nothing retrains
     files = [run.directory / "likert_items.csv" for run in study.runs]
     assert all(path.exists() for path in files)
     assert all(not (run.directory / "da_outputs.jsonl").exists() for run in study.runs)  # DA has no model: off
-    stamps = [path.stat().st_mtime_ns for path in files]
-    judge_runs(directories, study.config.evaluation.judges)  # already judged: skipped
-    assert [path.stat().st_mtime_ns for path in files] == stamps
-    table = write_results(study).read_text()
     assert "ΔLikert 1-5" in table and "ΔDA 0-100" in table
+    stamps = [path.stat().st_mtime_ns for path in files]
+    judge_runs([(run.directory, run.config.task.name) for run in study.runs], study.config.evaluation.judges)
+    assert [path.stat().st_mtime_ns for path in files] == stamps  # already judged: skipped

@@ -203,13 +203,16 @@ def run_tail(args: argparse.Namespace) -> int:
 
 def run_grading(args: argparse.Namespace) -> int:
     from leaf_plugins.evaluation.grading import grade, grade_items, summary_rows, write_grades
-    from leaf_plugins.evaluation.judge_model import load_judge
+    from leaf_plugins.evaluation.judge_model import check_decoding, load_judge
     from leaf_plugins.evaluation.predictions import read_predictions
 
     found = read_predictions(args.predictions, args.prediction_key, args.reference_key, args.question_key)
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"--limit must be at least 1, got {args.limit}")
     items = grade_items(found)[: args.limit]
     extra = ({"source_lang": args.source_lang, "target_lang": args.target_lang} if args.protocol == "da" else
              {"rubric": args.rubric.read_text() if args.rubric else None})
+    check_decoding(args.samples, args.temperature)  # before a large judge is loaded
     judge = load_judge(args.judge, args.device, args.dtype)
     grades = grade(judge, items, args.protocol, args.samples, args.temperature, args.top_p, args.max_new_tokens,
                    args.batch_size, args.seed, kind=args.task, chat=not args.no_chat_template, **extra)

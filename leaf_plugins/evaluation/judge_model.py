@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 from leaf_plugins.core.errors import ConfigError
 
-__all__ = ["JudgeModel", "load_judge", "DTYPES"]
+__all__ = ["JudgeModel", "load_judge", "check_decoding", "DTYPES"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 """The ``--dtype`` names a judge can be loaded with (``auto`` keeps the checkpoint's)."""
@@ -41,12 +41,14 @@ class JudgeModel:
         turn gets the system text at the top of the user turn."""
         if not (chat and self.has_chat_template):
             return f"{system}\n\n{prompt}" if system else prompt
+        from jinja2.exceptions import TemplateError
+
         user = [{"role": "user", "content": prompt}]
         if system:
             try:
                 return self.tokenizer.apply_chat_template([{"role": "system", "content": system}, *user],
                                                           tokenize=False, add_generation_prompt=True)
-            except Exception:  # jinja raises its own errors when a template rejects the system role
+            except TemplateError:  # raised by templates that reject a system role (raise_exception)
                 user = [{"role": "user", "content": f"{system}\n\n{prompt}"}]
         return self.tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
 
@@ -59,20 +61,18 @@ class JudgeModel:
         """``samples`` outputs per text (``[len(texts)][samples]``). Temperature 0 is greedy
         decoding (one sample only); otherwise nucleus sampling at ``temperature``/``top_p``.
         Each batch of ``batch_size`` texts is seeded from ``seed`` and its index, so a run is
-        reproducible. ``chat_formatted`` texts already hold the template's special tokens,
-        so the tokenizer adds none. ``logits_processor``: extra ``LogitsProcessor`` objects
-        passed to ``generate`` (e.g. to constrain the output)."""
+        reproducible; the checkpoint's own sampling defaults (top-k, repetition penalty) are
+        switched off, so the decoding is exactly the one asked for. ``chat_formatted`` texts
+        already hold the template's special tokens, so the tokenizer adds none.
+        ``logits_processor``: extra ``LogitsProcessor`` objects passed to ``generate`` (e.g.
+        to constrain the output)."""
         from transformers import LogitsProcessorList
 
-        if temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {temperature}")
-        if samples < 1:
-            raise ConfigError(f"samples must be >= 1, got {samples}")
-        if temperature == 0 and samples > 1:
-            raise ConfigError(f"temperature 0 is greedy decoding: {samples} samples would be identical; "
-                              "give a temperature > 0 or samples=1")
+        check_decoding(samples, temperature)
+        # the protocol's decoding, not the checkpoint's generation_config defaults (no top-k, no penalty)
         sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else {
             "do_sample": False}
+        sampling.update(top_k=0, repetition_penalty=1.0)
         outputs: list[list[str]] = []
         with tqdm(total=len(texts) * samples, desc=description, unit="judgment") as progress:
             for number, start in enumerate(range(0, len(texts), batch_size)):
@@ -89,6 +89,17 @@ class JudgeModel:
                 outputs.extend(decoded[row * samples : (row + 1) * samples] for row in range(len(chunk)))
                 progress.update(len(chunk) * samples)
         return outputs
+
+
+def check_decoding(samples: int, temperature: float) -> None:
+    """A ``ConfigError`` for a sample count or temperature ``JudgeModel.generate`` refuses."""
+    if temperature < 0:
+        raise ConfigError(f"temperature must be >= 0, got {temperature}")
+    if samples < 1:
+        raise ConfigError(f"samples must be >= 1, got {samples}")
+    if temperature == 0 and samples > 1:
+        raise ConfigError(f"temperature 0 is greedy decoding: {samples} samples would be identical; "
+                          "give a temperature > 0 or samples=1")
 
 
 def load_judge(model_id_or_path: str, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None
