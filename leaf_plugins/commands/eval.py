@@ -1,4 +1,5 @@
-"""``leaf eval``: score prediction files (text metrics over N runs, tail risk, pairwise A/B)."""
+"""``leaf eval``: score prediction files (text metrics over N runs, absolute judges, tail risk,
+pairwise A/B) and put a set of runs into the paper's master table."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ NAME = "eval"
 HELP = ("'generate' samples N prediction runs of a trained run (the paper's decoding) into prediction files; "
         "evaluate prediction files (JSONL: prediction, reference[, id, question, score]): 'metrics' averages "
         "BLEU/ROUGE/METEOR/BERTScore/length over N sampled runs, 'tail' gives CVaR and threshold fractions "
-        "with bootstrap CIs, 'pairwise' runs an LLM judge on two systems in both orders.")
+        "with bootstrap CIs, 'da' and 'likert' grade each item with an LLM judge (GEMBA-DA 0-100, Prometheus "
+        "Likert 1-5), 'pairwise' runs an LLM judge on two systems in both orders, 'report' gives the paper's master "
+        "table of a set of run directories.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,8 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     metrics.add_argument("--bertscore-model", default="roberta-large", help="hub id or local directory")
     metrics.add_argument("--bertscore-layers", type=int, help="layer for a model bert-score does not know")
     tail = sub.add_parser("tail", help="mean, CVaR@alpha and fraction below a threshold with bootstrap CIs")
-    tail.add_argument("--predictions", type=Path, required=True, metavar="FILE.jsonl")
-    tail.add_argument("--score-key", default="score", help="the per-item score field (default: score)")
+    source = tail.add_mutually_exclusive_group(required=True)
+    source.add_argument("--scores", type=Path, metavar="ITEMS.csv",
+                        help="a per-item judge file (da_items.csv from leaf eval da: the paper's tail analysis)")
+    source.add_argument("--predictions", type=Path, metavar="FILE.jsonl", help="a prediction file with a score field")
+    tail.add_argument("--score-key", default="score", help="the per-item score field of --predictions")
     tail.add_argument("--alphas", type=float, nargs="+", default=[0.10, 0.25])
     tail.add_argument("--threshold", type=float, default=50.0)
     tail.add_argument("--resamples", type=int, default=1000)
@@ -57,13 +63,64 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     pairwise.add_argument("--max-new-tokens", type=int, default=128)
     pairwise.add_argument("--batch-size", type=int, default=8)
     pairwise.add_argument("--device", default="cpu")
-    for command in (metrics, tail, pairwise):
+    graders = [_add_grading(sub, name) for name in PROTOCOL_NAMES]
+    report = sub.add_parser("report", help="the paper's master table (text metrics, Likert, DA) of run directories")
+    report.add_argument("runs", type=Path, nargs="+", metavar="RUN_DIR",
+                        help="directories holding predictions-run*.jsonl and what scored them")
+    report.add_argument("--names", nargs="+", metavar="NAME", help="row names (default: the directories)")
+    report.add_argument("--out", type=Path, default=Path("results/eval"), help="directory for report.md/.csv")
+    report.set_defaults(evaluate=run_report)
+    for command in (metrics, tail, pairwise, *graders):
         command.add_argument("--prediction-key", default="prediction")
         command.add_argument("--reference-key", default="reference")
         command.add_argument("--out", type=Path, default=Path("results/eval"), help="directory for the tables")
     metrics.set_defaults(evaluate=run_metrics)
     tail.set_defaults(evaluate=run_tail)
     pairwise.set_defaults(evaluate=run_pairwise)
+
+
+PROTOCOL_NAMES = ("da", "likert")
+GRADING_HELP = {
+    "da": "GEMBA-DA 0-100 per item with an HF causal LM: N samples at temperature T (default 5 at 0.7, the "
+          "paper's), item score = mean of the parsable ones",
+    "likert": "Prometheus absolute grading, Likert 1-5 ([RESULT] n) per item with an HF causal LM (default greedy, "
+              "one judgment, the paper's)",
+}
+
+
+def _add_grading(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
+    from leaf_plugins.evaluation.grading import PROTOCOLS
+
+    defaults = PROTOCOLS[name]
+    command = sub.add_parser(name, help=GRADING_HELP[name])
+    command.add_argument("--judge", required=True, help="hub id or local directory of the judge (a causal LM)")
+    command.add_argument("--predictions", type=Path, required=True, metavar="RUN.jsonl",
+                         help="a prediction file (leaf eval generate, a study run)")
+    command.add_argument("--samples", type=int, default=defaults.samples,
+                         help=f"judgments per item (default {defaults.samples})")
+    command.add_argument("--temperature", type=float, default=defaults.temperature,
+                         help=f"sampling temperature, 0 = greedy (default {defaults.temperature:g})")
+    command.add_argument("--top-p", type=float, default=1.0)
+    command.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
+    command.add_argument("--task", choices=("qa", "translation"), default="qa",
+                         help="the prompt's wording (DA) or rubric (Likert) (default qa)")
+    if name == "da":
+        command.add_argument("--source-lang", default="English")
+        command.add_argument("--target-lang", default="German")
+    else:
+        command.add_argument("--rubric", type=Path, metavar="RUBRIC.txt",
+                             help="a rubric file ('[criteria]' then 'Score 1:' ... 'Score 5:' lines) instead of the "
+                                  "task's")
+    command.add_argument("--limit", type=int, help="only the first N items")
+    command.add_argument("--batch-size", type=int, default=8, help="prompts per generate call")
+    command.add_argument("--device", default="cpu")
+    command.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    command.add_argument("--seed", type=int, default=0)
+    command.add_argument("--no-chat-template", action="store_true",
+                         help="send the plain prompt even when the judge has a chat template")
+    command.add_argument("--question-key", default="question")
+    command.set_defaults(evaluate=run_grading, protocol=name)
+    return command
 
 
 def run(args: argparse.Namespace) -> int:
@@ -123,13 +180,59 @@ def run_metrics(args: argparse.Namespace) -> int:
 
 
 def run_tail(args: argparse.Namespace) -> int:
+    from leaf_plugins.evaluation.grading import read_item_scores
     from leaf_plugins.evaluation.predictions import read_predictions
     from leaf_plugins.evaluation.tail_risk import tail_risk_report
 
-    items = read_predictions(args.predictions, args.prediction_key, args.reference_key, score_key=args.score_key)
-    report = tail_risk_report(items.scores, args.alphas, args.threshold, args.resamples)
+    if args.scores is not None:
+        ids, found = read_item_scores(args.scores)
+        scores = [score for score in found if score is not None]
+        if not scores:
+            raise ConfigError(f"{args.scores}: no item has a parsable judgment; nothing to analyse")
+        if len(scores) < len(ids):
+            print(f"{len(ids) - len(scores)} of {len(ids)} items of {args.scores} have no parsable judgment: "
+                  "left out of the tail analysis")
+    else:
+        scores = read_predictions(args.predictions, args.prediction_key, args.reference_key,
+                                  score_key=args.score_key).scores
+    report = tail_risk_report(scores, args.alphas, args.threshold, args.resamples)
     rows = [(name, f"{e.value:.4g}", f"{e.low:.4g}", f"{e.high:.4g}") for name, e in report.items()]
-    _write(args.out, "tail_risk", ("statistic", f"value (N={len(items.ids)})", "95% CI low", "95% CI high"), rows)
+    _write(args.out, "tail_risk", ("statistic", f"value (N={len(scores)})", "95% CI low", "95% CI high"), rows)
+    return 0
+
+
+def run_grading(args: argparse.Namespace) -> int:
+    from leaf_plugins.evaluation.grading import grade, grade_items, summary_rows, write_grades
+    from leaf_plugins.evaluation.judge_model import check_decoding, load_judge
+    from leaf_plugins.evaluation.predictions import read_predictions
+
+    found = read_predictions(args.predictions, args.prediction_key, args.reference_key, args.question_key)
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"--limit must be at least 1, got {args.limit}")
+    items = grade_items(found)[: args.limit]
+    extra = ({"source_lang": args.source_lang, "target_lang": args.target_lang} if args.protocol == "da" else
+             {"rubric": args.rubric.read_text() if args.rubric else None})
+    check_decoding(args.samples, args.temperature)  # before a large judge is loaded
+    judge = load_judge(args.judge, args.device, args.dtype)
+    grades = grade(judge, items, args.protocol, args.samples, args.temperature, args.top_p, args.max_new_tokens,
+                   args.batch_size, args.seed, kind=args.task, chat=not args.no_chat_template, **extra)
+    paths = write_grades(grades, args.out)
+    print("\n".join(f"{label}: {value}" for label, value in summary_rows(grades)))
+    print(f"written: {', '.join(str(path) for path in paths)}")
+    return 0
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from leaf_plugins.evaluation.report import read_run, render
+
+    if args.names and len(args.names) != len(args.runs):
+        raise ConfigError(f"{len(args.names)} --names for {len(args.runs)} run directories")
+    missing = [str(path) for path in args.runs if not path.is_dir()]
+    if missing:
+        raise ConfigError(f"not a directory: {', '.join(missing)}")
+    rows = [read_run(path, name) for path, name in zip(args.runs, args.names or [None] * len(args.runs))]
+    text, markdown, table = render(rows, args.out)
+    print(text + f"\nwritten: {markdown}, {table}")
     return 0
 
 

@@ -15,6 +15,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="overrides of the study file, e.g. base.steps=10 seeds=[0]")
     parser.add_argument("--check", action="store_true", help="only validate the file and list its runs")
+    parser.add_argument("--table", action="store_true",
+                        help="only rewrite the results table from the study's saved files (no training, no judging)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -26,6 +28,16 @@ def run(args: argparse.Namespace) -> int:
               f"{len(study.config.seeds)} seeds) -> {study.output_dir}")
         for variation in study.variations:
             print(f"  {variation}")
+        return 0
+    if args.table:
+        from leaf_plugins.core.errors import ConfigError
+        from leaf_plugins.studies.results import write_results
+
+        if not study.output_dir.is_dir():
+            raise ConfigError(f"{study.output_dir} does not exist: run the study first (leaf study {args.study})")
+        table = write_results(study)
+        print(table.read_text())
+        print(f"written: {table}, {table.with_name('results.csv')}, {table.with_name('results_runs.csv')}")
         return 0
     from leaf_plugins.studies.runner import run_study
 

@@ -15,7 +15,8 @@ from typing import Sequence
 import torch
 from sacrebleu.metrics import BLEU
 
-__all__ = ["BleuInterval", "bleu_statistics", "bleu_from_statistics", "bleu_interval", "paired_bleu_interval"]
+__all__ = ["BleuInterval", "bleu_statistics", "bleu_from_statistics", "bleu_interval", "paired_bleu_interval",
+           "resample_weights"]
 
 ORDER = 4  # n-gram order of BLEU
 RESAMPLES = 1000
@@ -66,11 +67,13 @@ def bleu_from_statistics(statistics: torch.Tensor) -> torch.Tensor:
     return torch.tensor(scores, dtype=torch.float64)
 
 
-def _resample_weights(items: int, resamples: int, seed: int) -> torch.Tensor:
-    """``[R, N]`` how often each item is drawn in each bootstrap resample."""
+def resample_weights(items: int, resamples: int, seed: int) -> torch.Tensor:
+    """``[R, N]`` how often each of N items is drawn in each of R bootstrap resamples
+    (N draws with replacement per resample; float64 counts, seeded)."""
     generator = torch.Generator().manual_seed(seed)
     index = torch.randint(items, (resamples, items), generator=generator)  # [R, N]
-    return torch.zeros(resamples, items, dtype=torch.float64).scatter_add_(1, index, torch.ones_like(index, dtype=torch.float64))
+    ones = torch.ones_like(index, dtype=torch.float64)
+    return torch.zeros(resamples, items, dtype=torch.float64).scatter_add_(1, index, ones)
 
 
 def _percentiles(values: torch.Tensor, level: float) -> tuple[float, float]:
@@ -86,7 +89,7 @@ def bleu_interval(
     """Corpus BLEU and its percentile bootstrap interval over items."""
     statistics = bleu_statistics(predictions, references, lowercase)  # [N, S]
     score = float(bleu_from_statistics(statistics.sum(dim=0, keepdim=True))[0])
-    weights = _resample_weights(len(predictions), resamples, seed)  # [R, N]
+    weights = resample_weights(len(predictions), resamples, seed)  # [R, N]
     low, high = _percentiles(bleu_from_statistics(weights @ statistics), level)
     return BleuInterval(score, low, high, len(predictions))
 
@@ -100,7 +103,7 @@ def paired_bleu_interval(
     ours = bleu_statistics(predictions, references, lowercase)  # [N, S]
     theirs = bleu_statistics(baseline, references, lowercase)  # [N, S]
     score = float(bleu_from_statistics(ours.sum(0, keepdim=True))[0] - bleu_from_statistics(theirs.sum(0, keepdim=True))[0])
-    weights = _resample_weights(len(predictions), resamples, seed)  # [R, N]
+    weights = resample_weights(len(predictions), resamples, seed)  # [R, N]
     differences = bleu_from_statistics(weights @ ours) - bleu_from_statistics(weights @ theirs)  # [R]
     low, high = _percentiles(differences, level)
     return BleuInterval(score, low, high, len(predictions))

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
-from tqdm.auto import tqdm
 
 from leaf_plugins.core.errors import ConfigError, suggest
+from leaf_plugins.evaluation.judge_model import load_judge
 from leaf_plugins.evaluation.pairwise import PairwiseSummary, pair_outcomes, summarize_pairs
 
 __all__ = ["PairItem", "JudgeRun", "TEMPLATES", "build_prompt", "judge_pairs"]
@@ -104,7 +104,6 @@ class JudgeRun:
     summary: PairwiseSummary
 
 
-@torch.inference_mode()
 def judge_pairs(
     model_id_or_path: str,
     items: Sequence[PairItem],
@@ -116,7 +115,7 @@ def judge_pairs(
     dtype: torch.dtype | None = None,
     seed: int = 0,
 ) -> JudgeRun:
-    """Judge every pair in both orders with a causal LM (greedy decoding).
+    """Judge every pair in both orders with a causal LM (greedy decoding, plain prompts).
 
     :param model_id_or_path: a Hugging Face hub id or a local directory holding a model
         loadable by ``AutoModelForCausalLM`` and its tokenizer.
@@ -125,33 +124,14 @@ def judge_pairs(
         (relative grading ending in ``[RESULT] A/B``); the parser follows the template.
     :return: prompts and outputs of both orders, outcome codes and the summary.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     if not items:
         raise ValueError("no pairs to judge")
     prompts_x = [build_prompt(item, True, template, rubric) for item in items]
     prompts_y = [build_prompt(item, False, template, rubric) for item in items]
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(model_id_or_path)
-        model = AutoModelForCausalLM.from_pretrained(model_id_or_path, dtype=dtype).to(device).eval()
-    except OSError as error:
-        raise ConfigError(f"judge model {model_id_or_path!r} could not be loaded: {error}") from error
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    prompts = prompts_x + prompts_y
-    outputs: list[str] = []
-    torch.manual_seed(seed)
-    with tqdm(total=len(prompts), desc="judging (both orders)", unit="prompt") as progress:
-        for start in range(0, len(prompts), batch_size):
-            chunk = prompts[start : start + batch_size]
-            inputs = tokenizer(chunk, return_tensors="pt", padding=True).to(device)
-            generated = model.generate(
-                **inputs, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id
-            )  # [b, P + new]
-            new = generated[:, inputs["input_ids"].shape[1] :]
-            outputs.extend(tokenizer.batch_decode(new, skip_special_tokens=True))
-            progress.update(len(chunk))
+    judge = load_judge(model_id_or_path, device, dtype)
+    outputs = [texts[0] for texts in judge.generate(prompts_x + prompts_y, max_new_tokens=max_new_tokens,
+                                                    batch_size=batch_size, seed=seed,
+                                                    description="judging (both orders)")]
     outputs_x, outputs_y = outputs[: len(items)], outputs[len(items) :]
     codes = pair_outcomes(outputs_x, outputs_y, format=template)
     return JudgeRun(prompts_x, prompts_y, outputs_x, outputs_y, codes, summarize_pairs(codes, seed=seed))

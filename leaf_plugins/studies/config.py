@@ -8,7 +8,14 @@ grid: {estimator.name: [grpo, leaf]}       # the cross product of these values
 variations:                                # and/or a list of labelled settings
   - {label: GA only, estimator.params.terms: ga}
 seeds: [0, 1, 2]
-evaluation: {split: validation, runs: 1}
+compare_to: estimator=grpo                 # the baseline of the paired differences: a variation's label, or
+                                           # a grid setting (each variation vs the one differing only there)
+evaluation:
+  split: validation
+  runs: 1
+  judges:                                  # optional LLM judges of every run (off unless a model is named)
+    da: {model: Qwen/Qwen2.5-14B-Instruct, device: cuda, dtype: bfloat16}
+    likert: {model: Unbabel/M-Prometheus-14B, device: cuda, dtype: bfloat16}
 ```
 
 Every mistake in the file is reported at once with ``file:line:col``; grid and variation
@@ -36,9 +43,35 @@ from leaf_plugins.evaluation.text_metrics import METRICS
 from leaf_plugins.training.config import TrainConfig, train_validators
 from leaf_plugins.training.warm_start import WarmStartConfig, warm_start_validators
 
-__all__ = ["EvaluationSettings", "StudyConfig", "PlannedRun", "Study", "load_study", "slug"]
+__all__ = ["EvaluationSettings", "JudgeSettings", "JudgesSettings", "StudyConfig", "PlannedRun", "Study", "load_study",
+           "slug"]
 
 LABEL = "label"  # the reserved key of a variation that names it
+
+
+@dataclass
+class JudgeSettings:
+    """One absolute LLM judge of a study's runs (off while ``model`` is None); None keeps
+    the protocol's default (DA: 5 samples at 0.7; Likert: one greedy judgment)."""
+
+    model: str | None = None  # hub id or local directory of a causal LM
+    samples: int | None = None
+    temperature: float | None = None
+    max_new_tokens: int | None = None
+    batch_size: int = 8
+    device: str = "cpu"
+    dtype: str = "auto"  # auto, float32, bfloat16, float16
+    task: str = "auto"  # qa or translation; auto: translation for tasks named *translation* or covost*
+    chat_template: bool = True  # use the judge's chat template when it has one
+    seed: int = 0
+
+
+@dataclass
+class JudgesSettings:
+    """The paper's two absolute judges, each scoring the first decoding run of every run."""
+
+    da: JudgeSettings = field(default_factory=JudgeSettings)
+    likert: JudgeSettings = field(default_factory=JudgeSettings)
 
 
 @dataclass
@@ -56,6 +89,7 @@ class EvaluationSettings:
     metrics: list[str] = field(default_factory=lambda: ["bleu", "length"])
     fork_budget: int = 2  # B of the forkability analysis of the training rollouts
     tau: float = 0.0  # reward-spread tolerance of a usable fire
+    judges: JudgesSettings = field(default_factory=JudgesSettings)
 
 
 @dataclass
@@ -69,6 +103,7 @@ class StudyConfig:
     grid: dict[str, Any] = field(default_factory=dict)
     variations: list[Any] = field(default_factory=list)
     seeds: list[int] = field(default_factory=lambda: [0])
+    compare_to: str | None = None  # the paired differences' baseline: a variation label or a grid `key=value`
     evaluation: EvaluationSettings = field(default_factory=EvaluationSettings)
 
 
@@ -103,6 +138,24 @@ class Study:
     def variations(self) -> list[str]:
         return list(dict.fromkeys(run.variation for run in self.runs))
 
+    def baseline_of(self, variation: str) -> str | None:
+        """The variation ``variation`` is compared with: ``compare_to`` when it is a label
+        (default: the first variation); for a setting ``name=value`` (``estimator=grpo``,
+        ``fork_budget=2``: a key's last part, as in labels) the variation whose settings
+        equal ``variation``'s except that key, which has that value; None when none does."""
+        target = self.config.compare_to or self.variations[0]
+        if target in self.variations:
+            return target
+        name, _, value = target.partition("=")
+        settings = {run.variation: run.settings for run in self.runs}
+        mine = settings[variation]
+        for key in [key for key in mine if _short(key) == name]:
+            for other, theirs in settings.items():
+                if theirs.keys() == mine.keys() and str(theirs[key]) == value and all(
+                        theirs[k] == mine[k] for k in mine if k != key):
+                    return other
+        return None
+
 
 def slug(label: str) -> str:
     """A directory name for a label: lowercase, runs of other characters become ``-``."""
@@ -116,7 +169,8 @@ def load_study(path: Path, overrides: Iterable[str] = (), host: PluginHost | Non
     where = str(path)
     data = load_yaml(path)
     errors = apply_overrides(data, overrides)
-    study, found = build_collecting(StudyConfig, data, where, {"evaluation.metrics": _known_metrics})
+    study, found = build_collecting(StudyConfig, data, where, {"evaluation.metrics": _known_metrics,
+                                                               **_judge_validators()})
     errors += found
     base = data.get("base") if isinstance(data.get("base"), CommentedMap) else CommentedMap()
     warm, found = _warm_start(data, where, host)
@@ -142,6 +196,7 @@ def load_study(path: Path, overrides: Iterable[str] = (), host: PluginHost | Non
             config, found = build_collecting(TrainConfig, tree, where, validators, prefix="base.")
             errors += found
             runs.append(PlannedRun(label, seed, config, settings))
+    errors += _compare_to_problems(study.compare_to, runs, data, where)
     if not errors:
         errors += _estimator_problems(runs, where, host)
     if errors:
@@ -172,6 +227,37 @@ def _known_metrics(names: Any) -> str | None:
     if unknown:
         return f"unknown metric {unknown[0]!r}.{suggest(str(unknown[0]), METRICS)} Metrics: {', '.join(METRICS)}"
     return None
+
+
+def _compare_to_problems(target: str | None, runs: list[PlannedRun], data: CommentedMap, where: str) -> list[str]:
+    """Why ``compare_to`` names neither a variation nor a ``name=value`` setting of one."""
+    if target is None:
+        return []
+    names = list(dict.fromkeys(run.variation for run in runs))
+    settings = list(dict.fromkeys(f"{_short(key)}={value}" for run in runs for key, value in run.settings.items()))
+    if target in names or target in settings:
+        return []
+    return [f"{key_location(data, 'compare_to', where)}: compare_to: {target!r} is neither a variation nor a setting "
+            f"of one.{suggest(target, names + settings)} Variations: {', '.join(names)}; settings: "
+            f"{', '.join(settings) or '(none)'}"]
+
+
+def _judge_validators() -> dict:
+    """Checks of the ``evaluation.judges`` keys that take names."""
+    from leaf_plugins.evaluation.judge_model import DTYPES
+
+    def choice(allowed: tuple[str, ...]):
+        def check(value: Any) -> str | None:
+            if value in allowed:
+                return None
+            return f"unknown value {value!r}.{suggest(str(value), allowed)} One of: {', '.join(allowed)}"
+        return check
+
+    out = {}
+    for name in ("da", "likert"):
+        out[f"evaluation.judges.{name}.task"] = choice(("auto", "qa", "translation"))
+        out[f"evaluation.judges.{name}.dtype"] = choice(("auto", *DTYPES))
+    return out
 
 
 def _warm_start(data: CommentedMap, where: str, host: PluginHost) -> tuple[WarmStartConfig | None, list[str]]:

@@ -1,12 +1,12 @@
 """Held-out evaluation of one run of a study: sampled decoding, text metrics, corpus
 BLEU with an item bootstrap interval (and the paired difference from the starting model),
-and forkability of the run's training rollouts."""
+forkability of the run's training rollouts, and the study's LLM judges."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from leaf_plugins.analysis.forkability import forkability_from_batches
 from leaf_plugins.analysis.rollout_log import batches_from_groups, read_groups
@@ -14,12 +14,12 @@ from leaf_plugins.evaluation.bleu_interval import bleu_interval, paired_bleu_int
 from leaf_plugins.evaluation.predictions import prediction_file, read_predictions, write_predictions
 from leaf_plugins.evaluation.sampling import load_policy, sample_predictions
 from leaf_plugins.evaluation.text_metrics import Unavailable, average_runs, evaluate_texts
-from leaf_plugins.studies.config import EvaluationSettings
+from leaf_plugins.studies.config import EvaluationSettings, JudgesSettings
 from leaf_plugins.tasks.base import Example
 from leaf_plugins.training.config import BackboneConfig
 from leaf_plugins.training.trainer import ROLLOUT_LOG
 
-__all__ = ["evaluate_model", "training_summary", "PREDICTIONS", "EVALUATION", "BASELINE"]
+__all__ = ["evaluate_model", "training_summary", "judge_runs", "task_kind", "PREDICTIONS", "EVALUATION", "BASELINE"]
 
 PREDICTIONS = prediction_file(0)  # the first decoding run's predictions
 EVALUATION = "evaluation.json"  # written last: its presence marks the run finished
@@ -69,3 +69,36 @@ def training_summary(run_dir: Path, settings: EvaluationSettings, tail: float = 
         summary = report.summary(resamples=200)
         out.update({"fire_rate": summary["fire_rate"], "usable_fire_rate": summary["r_f"]})
     return out
+
+
+def task_kind(kind: str, task: str) -> str:
+    """The judge prompt's task kind: ``kind`` itself, or for ``auto`` ``translation`` when
+    the task is named ``*translation*`` or ``covost*`` and ``qa`` otherwise."""
+    if kind != "auto":
+        return kind
+    return "translation" if "translation" in task or task.startswith("covost") else "qa"
+
+
+def judge_runs(directories: Iterable[tuple[Path, str]], judges: JudgesSettings) -> None:
+    """Grade the first decoding run's predictions of every ``(directory, task name)`` with
+    each judge that names a model, skipping directories that already hold its per-item
+    file (so judges added to a finished study score it without retraining). Each judge
+    model is loaded once for all directories."""
+    from leaf_plugins.evaluation.grading import grade, grade_items, items_file, write_grades
+    from leaf_plugins.evaluation.judge_model import load_judge
+
+    directories = list(directories)
+    for name in ("da", "likert"):
+        settings = getattr(judges, name)
+        todo = [(directory, task) for directory, task in directories
+                if settings.model is not None and (directory / PREDICTIONS).exists()
+                and not (directory / items_file(name)).exists()]
+        if not todo:
+            continue
+        judge = load_judge(settings.model, settings.device, settings.dtype)
+        for directory, task in todo:
+            items = grade_items(read_predictions(directory / PREDICTIONS))
+            grades = grade(judge, items, name, settings.samples, settings.temperature,
+                           max_new_tokens=settings.max_new_tokens, batch_size=settings.batch_size, seed=settings.seed,
+                           kind=task_kind(settings.task, task), chat=settings.chat_template)
+            write_grades(grades, directory)

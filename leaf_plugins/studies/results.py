@@ -1,6 +1,16 @@
-"""The results of a study: per variation, the mean over seeds of every metric with a
-percentile bootstrap 95% CI over seeds (Markdown and CSV); per run, the held-out BLEU
-with its item bootstrap CI; and learning curves as a PNG."""
+"""The results of a study, rendered from its saved files only (no model is loaded, nothing
+is retrained): per variation, the mean over seeds of every metric; per variation, the
+paired difference to its baseline variation (``compare_to``: a variation, default the
+first, or a grid setting such as ``estimator=grpo``; ``Study.baseline_of``) with a
+hierarchical bootstrap interval over seeds and items; per run, every metric
+(``results_runs.csv``); and learning curves as a PNG.
+
+Seed-level intervals need enough seeds (``statistics.MIN_SEEDS_FOR_INTERVAL``): with fewer,
+the per-variation cells show the lowest and highest seed instead of an interval, and the
+paired differences resample items within the fixed seeds, each table saying so. The
+interquartile mean over seeds (rliable's IQM) is shown when some variation has at least
+``statistics.MIN_SEEDS_FOR_IQM`` seeds.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +21,12 @@ from pathlib import Path
 
 import torch
 
+from leaf_plugins.evaluation.grading import items_file, read_item_scores
 from leaf_plugins.studies.config import Study
 from leaf_plugins.studies.evaluate import BASELINE, EVALUATION
+from leaf_plugins.studies.paired import PAIRED_METRICS, paired_difference, read_run_items
+from leaf_plugins.studies.statistics import (MIN_SEEDS_FOR_INTERVAL, MIN_SEEDS_FOR_IQM, Interval,
+                                             interquartile_mean)
 
 __all__ = ["write_results", "seed_interval", "COLUMNS"]
 
@@ -20,6 +34,7 @@ __all__ = ["write_results", "seed_interval", "COLUMNS"]
 COLUMNS = {
     "bleu": "held-out BLEU", "delta_bleu": "ΔBLEU vs start", "rouge1": "ROUGE-1", "rouge2": "ROUGE-2",
     "rougeL": "ROUGE-L", "meteor": "METEOR", "bertscore_f1": "BERTScore-F1", "length": "length (words)",
+    "likert": "Likert 1-5", "da": "DA 0-100",
     "usable_fire_rate": "usable fork-fire rate", "fire_rate": "fork-fire rate",
     "train_reward_last": "train reward (last 10%)",
 }
@@ -39,55 +54,133 @@ def seed_interval(values: list[float], resamples: int = RESAMPLES, seed: int = 0
     return mean, low, high
 
 
+def _judge_means(directory: Path) -> dict[str, float]:
+    """Mean item score of each judge file of a run (items without a parsable judgment left out)."""
+    out = {}
+    for name in ("likert", "da"):
+        path = directory / items_file(name)
+        if path.exists():
+            scores = [score for score in read_item_scores(path)[1] if score is not None]
+            if scores:
+                out[name] = sum(scores) / len(scores)
+    return out
+
+
 def _finished(study: Study) -> list[dict]:
     rows = []
     for run in study.runs:
         path = run.directory / EVALUATION
         if path.exists():
-            rows.append({**json.loads(path.read_text()), "variation": run.variation, "seed": run.seed,
-                         "directory": str(run.directory)})
+            rows.append({**json.loads(path.read_text()), **_judge_means(run.directory), "variation": run.variation,
+                         "seed": run.seed, "directory": str(run.directory)})
     return rows
 
 
-def _cell(mean: float, low: float, high: float, percent: bool) -> str:
+def _cell(values: list[float], percent: bool) -> tuple[str, dict]:
+    """The table cell of one metric of one variation, and its CSV fields."""
     scale, unit = (100.0, "%") if percent else (1.0, "")
-    if math.isnan(low):
-        return f"{mean * scale:.2f}{unit}"
-    return f"{mean * scale:.2f}{unit} [{low * scale:.2f}, {high * scale:.2f}]"
+    mean, low, high = seed_interval(values)
+    record = {"": mean, "_low": math.nan, "_high": math.nan, "_min": min(values), "_max": max(values),
+              "_iqm": interquartile_mean(values)}
+    if len(values) >= MIN_SEEDS_FOR_INTERVAL:
+        record.update({"_low": low, "_high": high})
+        return f"{mean * scale:.2f}{unit} [{low * scale:.2f}, {high * scale:.2f}]", record
+    if len(values) == 1:
+        return f"{mean * scale:.2f}{unit}", record
+    return f"{mean * scale:.2f}{unit} ({min(values) * scale:.2f}–{max(values) * scale:.2f})", record
 
 
 def write_results(study: Study) -> Path:
     """Write ``results.md``, ``results.csv``, ``results_runs.csv`` and
-    ``learning_curves.png`` into the study's output directory; return ``results.md``."""
+    ``learning_curves.png`` into the study's output directory from its saved files;
+    return ``results.md``."""
     output = study.output_dir
     rows = _finished(study)
     numeric = [key for key in COLUMNS if rows and all(isinstance(row.get(key), (int, float)) for row in rows)]
     unavailable = {key: row[key] for row in rows for key in COLUMNS if isinstance(row.get(key), str)}
-    table, records = [], []
-    for variation in study.variations:
-        chosen = [row for row in rows if row["variation"] == variation]
-        if not chosen:
-            continue
+    by_variation = {v: [row for row in rows if row["variation"] == v] for v in study.variations}
+    by_variation = {v: chosen for v, chosen in by_variation.items() if chosen}
+    fewest = min((len(chosen) for chosen in by_variation.values()), default=0)
+    iqm = any(len(chosen) >= MIN_SEEDS_FOR_IQM for chosen in by_variation.values()) and "bleu" in numeric
+    table, records = [], {}
+    for variation, chosen in by_variation.items():
         record: dict = {"variation": variation, "seeds": len(chosen)}
         cells = [variation, str(len(chosen))]
         for key in numeric:
-            mean, low, high = seed_interval([float(row[key]) for row in chosen])
-            record.update({key: mean, f"{key}_low": low, f"{key}_high": high})
-            cells.append(_cell(mean, low, high, percent=key.endswith("fire_rate")))
-        records.append(record)
+            text, fields = _cell([float(row[key]) for row in chosen], percent=key.endswith("fire_rate"))
+            record.update({key + suffix: value for suffix, value in fields.items()})
+            cells.append(text)
+        if iqm:
+            cells.append(f"{record['bleu_iqm']:.2f}" if len(chosen) >= MIN_SEEDS_FOR_IQM else
+                         f"n/a ({len(chosen)} seeds)")
+        records[variation] = record
         table.append("| " + " | ".join(cells) + " |")
-    header = ["variation", "seeds", *(COLUMNS[key] for key in numeric)]
-    lines = [f"# {study.path.name}: {len(rows)} of {len(study.runs)} runs finished", "",
-             "Mean over seeds [percentile bootstrap 95% CI over seeds].", "",
+    header = ["variation", "seeds", *(COLUMNS[key] for key in numeric), *(["IQM BLEU over seeds"] if iqm else [])]
+    lines = [f"# {study.path.name}: {len(rows)} of {len(study.runs)} runs finished", "", _spread_note(fewest), "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header), *table]
+    lines += _paired_lines(study, by_variation, records)
     lines += _start_lines(study)
-    lines += [f"- {COLUMNS[key]}: {message}" for key, message in unavailable.items()]
+    notes = [f"- {COLUMNS[key]}: {message}" for key, message in unavailable.items()]
+    if not iqm and by_variation:
+        notes.append(f"- IQM over seeds (rliable) not shown: it needs >= {MIN_SEEDS_FOR_IQM} seeds per variation.")
+    lines += ["", *notes] if notes else []
     (output / "results.md").write_text("\n".join(lines) + "\n")
-    _write_csv(output / "results.csv", records)
+    _write_csv(output / "results.csv", list(records.values()))
     _write_csv(output / "results_runs.csv", rows)
     if rows:
         _plot_learning_curves(study, output / "learning_curves.png")
     return output / "results.md"
+
+
+def _spread_note(fewest: int) -> str:
+    if fewest >= MIN_SEEDS_FOR_INTERVAL:
+        return "Mean over seeds [percentile bootstrap 95% CI over seeds]."
+    return (f"Mean over seeds (lowest–highest seed). Not an interval: {fewest} seed{'s' * (fewest != 1)} per "
+            f"variation are too few for a seed-level confidence interval (>= {MIN_SEEDS_FOR_INTERVAL} needed).")
+
+
+def _paired_lines(study: Study, by_variation: dict[str, list[dict]], records: dict[str, dict]) -> list[str]:
+    """The table of paired differences to each variation's baseline (records get its fields)."""
+    items = {variation: {row["seed"]: read_run_items(Path(row["directory"])) for row in chosen}
+             for variation, chosen in by_variation.items()}
+    items = {v: {s: found for s, found in runs.items() if found is not None} for v, runs in items.items()}
+    baselines = {variation: study.baseline_of(variation) for variation in items}
+    target = study.config.compare_to or study.variations[0]
+    if not any(baseline and baseline != variation for variation, baseline in baselines.items()):
+        return []
+    metrics = [key for key in PAIRED_METRICS if key in ("bleu", "length") or any(
+        key in found.judges for runs in items.values() for found in runs.values())]
+    header = ["variation", "baseline", "seeds paired", *(f"Δ{PAIRED_METRICS[key]}" for key in metrics),
+              "interval over"]
+    lines = ["", f"Paired difference vs {target} (same seeds, same items): mean over seeds of the per-seed "
+             f"difference [hierarchical bootstrap 95% CI: seeds resampled, then items within each seed; "
+             f"{RESAMPLES} resamples].", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for variation, runs in items.items():
+        baseline = baselines[variation]
+        if baseline is None or baseline == variation:
+            continue
+        theirs = items.get(baseline, {})
+        cells, kinds = [variation, baseline, str(len(set(runs) & set(theirs)))], set()
+        for key in metrics:
+            found = paired_difference(key, runs, theirs, RESAMPLES)
+            if isinstance(found, Interval):
+                records[variation].update({f"delta_{key}": found.value, f"delta_{key}_low": found.low,
+                                           f"delta_{key}_high": found.high,
+                                           f"delta_{key}_seed_level": found.seed_level})
+                cells.append(str(found))
+                kinds.add(_interval_kind(found))
+            else:
+                cells.append(f"n/a: {found}")
+        cells.append("; ".join(sorted(kinds)) or "—")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _interval_kind(found: Interval) -> str:
+    if found.seed_level:
+        return "seeds and items"
+    return (f"items only: {found.seeds} seed{'s' * (found.seeds != 1)} too few for a seed-level interval "
+            f"(>= {MIN_SEEDS_FOR_INTERVAL})")
 
 
 def _start_lines(study: Study) -> list[str]:

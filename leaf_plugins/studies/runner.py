@@ -18,7 +18,8 @@ from tqdm import tqdm
 from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.studies.config import PlannedRun, Study, slug
-from leaf_plugins.studies.evaluate import BASELINE, EVALUATION, PREDICTIONS, evaluate_model, training_summary
+from leaf_plugins.studies.evaluate import (BASELINE, EVALUATION, PREDICTIONS, evaluate_model, judge_runs,
+                                          training_summary)
 from leaf_plugins.studies.results import write_results
 from leaf_plugins.tasks.base import Example
 from leaf_plugins.training.checkpoint import latest_checkpoint
@@ -56,7 +57,10 @@ def run_study(study: Study, plugins: Sequence[object] = (), host: PluginHost | N
             _evaluate(study, run, host, cache)
             write_results(study)
         state.wait_for_everyone()
-    if state.is_main_process and not pending:  # nothing ran: the table is (re)written all the same
+    if state.is_main_process:  # the judges score what they have not scored yet; the table is rewritten
+        starts = [(baseline_dir(study, run.config), run.config.task.name) for run in study.runs]
+        judge_runs([*dict.fromkeys(starts), *((run.directory, run.config.task.name) for run in study.runs)],
+                   study.config.evaluation.judges)
         write_results(study)
     return output / "results.md"
 
@@ -64,8 +68,8 @@ def run_study(study: Study, plugins: Sequence[object] = (), host: PluginHost | N
 def _claim(run: PlannedRun, study: Study, write: bool) -> None:
     """Record what the run directory holds (its run config and the evaluation settings);
     a directory holding another configuration is an error, never silently reused."""
-    wanted = json.loads(json.dumps({"config": asdict(run.config), "evaluation": asdict(study.config.evaluation)},
-                                   default=str))
+    evaluation = {key: value for key, value in asdict(study.config.evaluation).items() if key != "judges"}
+    wanted = json.loads(json.dumps({"config": asdict(run.config), "evaluation": evaluation}, default=str))
     path = run.directory / RUN_RECORD
     if path.exists():
         held = json.loads(path.read_text())
