@@ -13,7 +13,7 @@ from batches import SIZES, as_policy_groups, as_reference_groups, synthetic_batc
 from reference_estimators import estimate_groups
 from reference_otb import otb_groups
 
-ESTIMATORS = ["grpo", "leaf", "collision", "full_tree", "otb"]
+ESTIMATORS = ["grpo", "leaf", "collision", "full_tree", "otb", "tree_rloo", "tree_otb"]
 _BATCHES: dict[str, lp.RolloutBatch] = {}
 
 
