@@ -110,11 +110,15 @@ def token_weights(
     on the fields' padding are never read (a NaN or an infinity there is reported).
     """
     logprobs, sum_pi_squared = _policy_fields(batch)
-    real = (real_tokens(batch) if real is None else real).to(dtype)  # [N, T]
+    real = real_tokens(batch) if real is None else real  # [N, T]
     weight = scratch("otb work", tuple(real.shape), dtype, real.device)  # [N, T]
-    torch.exp(logprobs.to(dtype), out=weight)  # π
-    torch.add(sum_pi_squared.to(dtype), weight, alpha=-2, out=weight)  # Σπ² - 2π
-    torch.addcmul(real, weight, real, out=weight)  # (1 - 2π + Σπ²) · real: 0 on padding
+    if dtype == torch.float32:
+        torch.exp(logprobs, out=weight)  # π
+        torch.add(sum_pi_squared, weight, alpha=-2, out=weight)  # Σπ² - 2π
+        torch.addcmul(real, weight, real, out=weight)  # (1 - 2π + Σπ²) · real: 0 on padding
+    else:  # one vectorised conversion per input: mixed-dtype arithmetic takes a slow path
+        other = scratch("otb work, second", tuple(real.shape), dtype, real.device)
+        weight.copy_(logprobs).exp_().mul_(-2).add_(other.copy_(sum_pi_squared)).add_(1).mul_(other.copy_(real))
     _check_consistent(weight, logprobs, sum_pi_squared)
     # exact weights are >= 0; rounding may leave them a hair below
     return weight.clamp_(min=0)

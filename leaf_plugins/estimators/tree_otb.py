@@ -33,7 +33,7 @@ from leaf_plugins.core.tree import Nodes
 from leaf_plugins.estimators.group_stats import group_extreme, group_mean, group_sum, per_response
 from leaf_plugins.estimators.tree_baselines import path_baselines
 from leaf_plugins.estimators.tree_rloo import TreeRLOO, group_scale
-from leaf_plugins.estimators.otb import token_weights
+from leaf_plugins.estimators.otb import real_tokens, token_weights
 
 __all__ = ["TreeOTB", "KAPPA_EDGES", "value_ratios"]
 
@@ -48,46 +48,55 @@ class TreeOTB(TreeRLOO):
 
     @hookimpl
     def compute_advantages(self, batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) -> torch.Tensor:
-        with torch.inference_mode():
-            weights = token_weights(batch, dtype=torch.float64).clone()  # [N, T] w = 1 − 2π + Σπ², 0 on padding
-        baselines = path_baselines(batch, nodes, params.shrink)
-        value = baselines.paint(baselines.values, batch.width)  # [N, T] float64 V̂
+        baselines = path_baselines(batch, nodes, params.shrink)  # segment values V̂ [N, D+1]
         with torch.inference_mode():
             layout = batch.groups
-            floor = _other_groups_floor(batch)  # [G]
-            ratio = value_ratios(batch, weights, floor)  # [N, T]
-            origin = per_response(floor, layout).unsqueeze(1)  # [N, 1]
-            baseline = origin + ratio * (value - origin)
-            advantage = batch.rewards.double().unsqueeze(1) - baseline  # [N, T]
+            real = real_tokens(batch)  # [N, T] float32 1.0 / 0.0
+            weights = token_weights(batch, real, dtype=torch.float64)  # [N, T] w, 0 on padding (scratch)
+            kind, ratios = value_ratios(batch, weights)  # [N, T] int64 (group, kind) slot, [G · kinds]
+            floor = per_response(_other_groups_floor(batch), layout)  # [N]
+            scale = per_response(group_scale(batch, params), layout)  # [N]
+            # A = (1 − share) · ((r − f) − κ (V̂ − f)) / c: the per-response and per-segment
+            # parts first, then three [N, T] passes
+            above = ((batch.rewards.double() - floor) / scale).float().unsqueeze(1)  # [N, 1]
+            spread = ((baselines.values - floor.unsqueeze(1)) / scale.unsqueeze(1)).float()  # [N, D+1]
+            advantage = baselines.paint(spread, batch.width)  # [N, T] float32 (V̂ − f) / c
+            advantage.mul_(ratios.float().take(kind)).neg_().add_(above)
             if params.own_share:
-                advantage = advantage * (1 - _own_share(batch, weights))
-            else:  # a response alone has no other to learn from: 0, as with its own share
-                advantage = advantage * (per_response(layout.sizes, layout) > 1).unsqueeze(1)
-            advantage = advantage / per_response(group_scale(batch, params), layout).unsqueeze(1)
-            result = torch.where(batch.mask, advantage, 0.0).float()
+                advantage.mul_(1 - _own_share(batch, weights))
+            elif layout.count:  # a response alone has no other to learn from: 0, as with its own share
+                advantage.mul_((per_response(layout.sizes, layout) > 1).unsqueeze(1))
+            result = advantage.mul_(real)
         return result.clone()
 
 
-def value_ratios(batch: RolloutBatch, weights: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
-    """``[N, T]`` float64 κ of every token (see the module), from the other groups."""
+def value_ratios(batch: RolloutBatch, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """κ of every (group, kind of state) from the other groups (see the module): the
+    ``[N, T]`` int64 slot ``group · kinds + kind`` of every token and the ``[G · kinds]``
+    float64 table of ratios.
+
+    Rewards are constant along a response, so each response's weight per kind,
+    ``Σ_t w [kind]`` ``[N, kinds]``, is all the ``[N, T]`` data needed.
+    """
     layout = batch.groups
     assert batch.sum_pi_squared is not None
-    edges = torch.tensor(KAPPA_EDGES, dtype=torch.float64, device=batch.device)
-    kind = torch.bucketize(1 - batch.sum_pi_squared.double(), edges)  # [N, T]
     kinds = len(KAPPA_EDGES) + 1
+    edges = torch.tensor(KAPPA_EDGES, dtype=torch.float32, device=batch.device)
+    kind = torch.bucketize(1 - batch.sum_pi_squared, edges)  # [N, T]
+    row = torch.arange(batch.size, device=batch.device).unsqueeze(1) * kinds  # [N, 1]
+    per_response_weight = torch.zeros(batch.size * kinds, dtype=torch.float64, device=batch.device)
+    per_response_weight.index_add_(0, (row + kind).view(-1), weights.view(-1))
+    per_response_weight = per_response_weight.view(batch.size, kinds)  # [N, kinds]
     rewards = batch.rewards.double().unsqueeze(1)  # [N, 1]
     mean = per_response(group_mean(batch.rewards.double(), layout), layout).unsqueeze(1)
-    slot = (per_response(torch.arange(layout.count, device=batch.device), layout).unsqueeze(1) * kinds + kind)
-    sums = torch.zeros(3, layout.count * kinds, dtype=torch.float64, device=batch.device)
-    for row, term in enumerate((weights * rewards, weights * mean, weights)):  # Σ w r, Σ w r̄, Σ w per (group, kind)
-        sums[row].index_add_(0, slot.reshape(-1), term.reshape(-1))
-    sums = sums.view(3, layout.count, kinds)
-    others = sums.sum(dim=1, keepdim=True) - sums  # [3, G, kinds]: every group but this one
-    lowest = floor.unsqueeze(1)  # [G, 1]
+    sums = torch.stack([group_sum(per_response_weight * term, layout) for term in (rewards, mean, 1.0)])  # [3, G, k]
+    others = sums.sum(dim=1, keepdim=True) - sums  # every group but this one
+    lowest = _other_groups_floor(batch).unsqueeze(1)  # [G, 1]
     above = others[0] - lowest * others[2]  # Σ w (r − f)
     below = others[1] - lowest * others[2]  # Σ w (r̄ − f)
     ratio = torch.where(below > 1e-12 * others[2].clamp(min=1e-300), above / below.clamp(min=1e-300), 1.0)
-    return ratio.view(-1).take(slot)  # [N, T]
+    group_row = per_response(torch.arange(layout.count, device=batch.device) * kinds, layout).unsqueeze(1)
+    return kind.add_(group_row), ratio.view(-1)
 
 
 def _other_groups_floor(batch: RolloutBatch) -> torch.Tensor:
@@ -102,10 +111,11 @@ def _other_groups_floor(batch: RolloutBatch) -> torch.Tensor:
 
 
 def _own_share(batch: RolloutBatch, weights: torch.Tensor) -> torch.Tensor:
-    """``[N, T]`` W_i,t / Σ_j W_j,t over the group's responses running at t (W cumulative)."""
-    cumulative = weights.cumsum(dim=1) * batch.mask  # [N, T]
+    """``[N, T]`` float32 W_i,t / Σ_j W_j,t over the group's responses running at t (W the
+    cumulative weights; ``weights`` is overwritten with them)."""
+    cumulative = weights.cumsum_(dim=1).mul_(batch.mask).float()  # [N, T]
     total = per_response(group_sum(cumulative, batch.groups), batch.groups)  # [N, T]
-    return torch.where(total > 0, cumulative / total.clamp(min=1e-300), 0.0)
+    return cumulative.div_(total.clamp_(min=1e-30))
 
 
 @hookimpl
