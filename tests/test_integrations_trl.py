@@ -1,0 +1,166 @@
+"""LeafGRPOTrainer with the real TRL on CPU: a tiny random-weight causal LM, a real reward
+function, a few training steps. The advantages that reach TRL's loss are checked against
+``leaf_plugins.estimate`` on the same completions, rewards and independently computed
+log-probs; ``estimator="grpo"`` reproduces TRL's own GRPOTrainer step for step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import trl  # extra [trl], installed by scripts/install.sh: a missing TRL fails here, never skips
+from datasets import Dataset
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+import leaf_plugins as lp
+from leaf_plugins.core.errors import UnknownNameError
+from leaf_plugins.integrations.trl import LeafGRPOConfig, LeafGRPOTrainer
+
+WORDS = "yes no maybe red green blue one two three four".split()
+PROMPTS = ["say a colour", "count to three", "answer yes or no", "name a number"]
+K = 4
+TEMPERATURE = 1.0
+
+
+def tokenizer() -> PreTrainedTokenizerFast:
+    """A word-level tokenizer trained in-process (no hub)."""
+    core = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    core.train_from_iterator(PROMPTS + [" ".join(WORDS)], trainers.WordLevelTrainer(special_tokens=["<pad>", "<eos>", "<unk>"]))
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+
+
+def tiny_model(vocab: int, seed: int = 0) -> Qwen2ForCausalLM:
+    """A random-weight Qwen2 whose LM head is scaled up, so sampled completions share prefixes."""
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         tie_word_embeddings=False, pad_token_id=0, eos_token_id=1, bos_token_id=1)
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(40.0)
+    return model
+
+
+def reward_words(completions: list[str], **kwargs: object) -> list[float]:
+    """Fraction of words that are colours, plus 0.5 when the completion is short."""
+    scores = []
+    for text in completions:
+        words = text.split()
+        colours = sum(word in {"red", "green", "blue"} for word in words)
+        scores.append(colours / max(len(words), 1) + 0.5 * (len(words) <= 3))
+    return scores
+
+
+def config(tmp_path, config_class=LeafGRPOConfig, **extra: object):  # type: ignore[no-untyped-def]
+    options = dict(
+        output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], save_strategy="no", seed=0,
+        per_device_train_batch_size=2 * K, num_generations=K, max_completion_length=6, max_steps=3,
+        learning_rate=1e-2, logging_steps=1, temperature=TEMPERATURE, beta=0.0,
+    )
+    return config_class(**{**options, **extra})
+
+
+def trainer(tmp_path, trainer_class=LeafGRPOTrainer, config_class=LeafGRPOConfig, **extra: object):  # type: ignore[no-untyped-def]
+    tok = tokenizer()
+    return trainer_class(
+        model=tiny_model(len(tok)), reward_funcs=reward_words, processing_class=tok,
+        args=config(tmp_path, config_class, **extra),
+        train_dataset=Dataset.from_dict({"prompt": PROMPTS}),  # distinct prompts: one group each
+    )
+
+
+def record_losses(run) -> list[dict[str, torch.Tensor]]:  # type: ignore[no-untyped-def]
+    """Wrap ``_compute_loss`` to keep its inputs, the loss and the independent scores of
+    each completion token by a plain forward pass with full logits at that moment (the
+    generation weights: one loss call per generation batch)."""
+    seen: list[dict[str, torch.Tensor]] = []
+    original = run._compute_loss
+
+    def compute_loss(model, inputs):  # type: ignore[no-untyped-def]
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        width = inputs["completion_ids"].size(1)
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=mask).logits[:, -width - 1:-1].double() / TEMPERATURE
+        log_pi = torch.log_softmax(logits, dim=-1)  # [B, C, V]
+        loss = original(model, inputs)
+        seen.append({
+            **{key: inputs[key].detach().clone() for key in ("prompt_ids", "completion_ids", "completion_mask", "advantages")},
+            "logprobs": log_pi.gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1),
+            "sum_pi_squared": log_pi.mul(2).exp().sum(-1),
+            "loss": loss.detach().clone(),
+        })
+        return loss
+
+    run._compute_loss = compute_loss
+    return seen
+
+
+def expected_advantages(record: dict[str, torch.Tensor], engine: lp.Engine) -> torch.Tensor:
+    """The engine's advantages on the recorded batch, built from plain lists (one group per
+    distinct prompt, rewards recomputed from the decoded completions)."""
+    lengths = record["completion_mask"].sum(dim=1).tolist()
+    ids = record["completion_ids"].tolist()
+    prompts = [tuple(row) for row in record["prompt_ids"].tolist()]
+    group_of = {prompt: index for index, prompt in enumerate(dict.fromkeys(prompts))}
+    tok = tokenizer()
+    texts = [tok.decode(row[:n], skip_special_tokens=True) for row, n in zip(ids, lengths)]
+    batch = lp.RolloutBatch.from_lists(
+        [row[:n] for row, n in zip(ids, lengths)], reward_words(texts), [group_of[p] for p in prompts],
+        surprisal=[(-record["logprobs"][i, :n]).tolist() for i, n in enumerate(lengths)],
+        logprobs=[record["logprobs"][i, :n].tolist() for i, n in enumerate(lengths)],
+        sum_pi_squared=[record["sum_pi_squared"][i, :n].tolist() for i, n in enumerate(lengths)],
+    )
+    return engine.estimate(batch).advantages
+
+
+def test_leaf_advantages_reaching_the_loss_equal_estimate(tmp_path) -> None:
+    run = trainer(tmp_path, estimator="leaf", estimator_params={"fork_budget": 2})
+    seen = record_losses(run)
+    run.train()
+    assert len(seen) == 3
+    for record in seen:
+        advantages = record["advantages"]
+        assert advantages.shape == record["completion_ids"].shape  # [B, T]: per token
+        torch.testing.assert_close(advantages.double(), expected_advantages(record, lp.Engine("leaf", {"fork_budget": 2})).double(),
+                                   atol=2e-5, rtol=1e-4)
+        # tree credit, not a broadcast: some response gets different credit on different tokens
+    assert any(
+        bool(((r["advantages"] - r["advantages"][:, :1]).abs() * r["completion_mask"]).amax() > 1e-4) for r in seen
+    )
+
+
+def test_grpo_through_the_adapter_reproduces_trl_grpo(tmp_path) -> None:
+    ours = trainer(tmp_path / "leaf", estimator="grpo", estimator_params={"eps": 1e-4})  # TRL's epsilon
+    ours_seen = record_losses(ours)
+    ours.train()
+    theirs = trainer(tmp_path / "trl", trainer_class=trl.GRPOTrainer, config_class=trl.GRPOConfig)
+    theirs_seen = record_losses(theirs)
+    theirs.train()
+    for mine, reference in zip(ours_seen, theirs_seen, strict=True):
+        assert torch.equal(mine["completion_ids"], reference["completion_ids"])
+        per_token = reference["advantages"].unsqueeze(1) * reference["completion_mask"]
+        torch.testing.assert_close(mine["advantages"], per_token, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(mine["loss"], reference["loss"], atol=1e-6, rtol=1e-5)
+    # three Adam steps of lr 1e-2 from the same start: float rounding moves weights by ~1e-6, a wrong sign by ~1e-2
+    for (name, mine), (_, reference) in zip(ours.model.named_parameters(), theirs.model.named_parameters()):
+        torch.testing.assert_close(mine, reference, atol=1e-5, rtol=0, msg=name)
+
+
+def test_stage_override_reaches_the_loss(tmp_path) -> None:
+    run = trainer(tmp_path, estimator="leaf", estimator_stages={"select_boundaries": "collision"}, max_steps=1)
+    seen = record_losses(run)
+    run.train()
+    engine = lp.Engine("leaf", {}, {"select_boundaries": "collision"})
+    torch.testing.assert_close(seen[0]["advantages"].double(), expected_advantages(seen[0], engine).double(),
+                               atol=2e-5, rtol=1e-4)
+
+
+def test_unknown_estimator_and_plain_config_are_refused(tmp_path) -> None:
+    with pytest.raises(UnknownNameError, match="Did you mean.*leaf"):
+        trainer(tmp_path, estimator="leef")
+    tok = tokenizer()
+    with pytest.raises(TypeError, match="LeafGRPOConfig"):
+        LeafGRPOTrainer(model=tiny_model(len(tok)), reward_funcs=reward_words, processing_class=tok,
+                        args=config(tmp_path, trl.GRPOConfig), train_dataset=Dataset.from_dict({"prompt": PROMPTS}))
