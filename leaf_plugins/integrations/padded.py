@@ -59,5 +59,6 @@ def _require_finite(name: str, value: torch.Tensor, where: torch.Tensor | None) 
         bad &= where
     if bool(bad.any()):
         row = int(bad.reshape(bad.shape[0], -1).any(dim=1).nonzero()[0])
-        raise ValueError(f"{name} of response {row} is not finite ({value[row].tolist()[:8]}...): "
+        shown = value[row].tolist()
+        raise ValueError(f"{name} of response {row} is not finite ({shown}): "
                          "a NaN/inf reward or log-prob cannot be given credit")
