@@ -18,5 +18,8 @@ BASE_PYTHON="$(python -c 'import sys; print(sys.base_prefix)')/bin/python3"
 "$PY" -m pip --disable-pip-version-check -q install --root-user-action=ignore \
   "verl==0.9.1" "transformers>=5.5.3,!=5.6.0,<5.11" cachetools uvicorn fastapi
 "$PY" -m pip --disable-pip-version-check -q install --root-user-action=ignore --no-deps -e .
-"$PY" -c "import verl, leaf_plugins.integrations.verl"
+if ! out=$("$PY" -W ignore -c "import verl, leaf_plugins.integrations.verl" 2>&1); then
+  echo "$out" >&2
+  exit 1
+fi
 echo "verl environment ready: $ENV_DIR"

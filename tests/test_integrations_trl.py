@@ -5,6 +5,11 @@ log-probs; ``estimator="grpo"`` reproduces TRL's own GRPOTrainer step for step."
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import trl  # extra [trl], installed by scripts/install.sh: a missing TRL fails here, never skips
@@ -164,3 +169,30 @@ def test_unknown_estimator_and_plain_config_are_refused(tmp_path) -> None:
     with pytest.raises(TypeError, match="LeafGRPOConfig"):
         LeafGRPOTrainer(model=tiny_model(len(tok)), reward_funcs=reward_words, processing_class=tok,
                         args=config(tmp_path, trl.GRPOConfig), train_dataset=Dataset.from_dict({"prompt": PROMPTS}))
+
+
+def test_a_group_split_across_two_processes_is_estimated_whole(tmp_path) -> None:
+    script = Path(__file__).resolve().parent / "scripts" / "trl_two_process.py"
+    done = subprocess.run(
+        # --multi_gpu selects accelerate's torchrun launcher; without CUDA TRL trains on CPU with gloo
+        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
+         "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script), str(tmp_path)],
+        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=False) for rank in (0, 1)]
+    assert [r["world"] for r in ranks] == [2, 2]
+    for step in zip(*(r["seen"] for r in ranks), strict=True):
+        assert all(len(record["completion_ids"]) == K // 2 for record in step)  # half of the group on each rank
+        merged = {key: _stack_padded([record[key] for record in step]) for key in step[0] if key != "loss"}
+        assert len({tuple(row) for row in merged["prompt_ids"].tolist()}) == 1  # one group, split
+        torch.testing.assert_close(merged["advantages"].double(),
+                                   expected_advantages(merged, lp.Engine("leaf", {"fork_budget": 2})).double(),
+                                   atol=2e-5, rtol=1e-4)
+
+
+def _stack_padded(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Concatenate ``[n_i, T_i, ...]`` tensors along rows, zero-padding dim 1 to the widest."""
+    width = max(part.shape[1] for part in parts)
+    return torch.cat([torch.nn.functional.pad(part, (0, 0) * (part.dim() - 2) + (0, width - part.shape[1]))
+                      for part in parts])

@@ -33,6 +33,10 @@ if importlib.util.find_spec("verl") is None:
         assert "passed" in summary and "skipped" not in summary and "deselected" not in summary, summary
 
 else:
+    import verl
+
+    LOADED_BY_IMPORT_VERL = "leaf_plugins.integrations.verl" in sys.modules  # through the verl.plugins entry point
+
     import numpy as np
     import torch
     from hydra import compose, initialize_config_dir
@@ -98,13 +102,9 @@ else:
         assert core_algos.get_adv_estimator_fn("grpo") is core_algos.compute_grpo_outcome_advantage
 
     def test_plugin_is_loaded_by_import_verl_through_the_entry_point() -> None:
-        code = ("import verl; from verl.trainer.ppo import core_algos, ray_trainer; "
-                "fn = core_algos.get_adv_estimator_fn('leaf'); "
-                "assert fn.leaf_estimator == 'leaf'; "
-                "assert ray_trainer.compute_advantage.__qualname__ == 'compute_advantage' "
-                "and ray_trainer.compute_advantage.__wrapped__ is not None")
-        run = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=300)
-        assert run.returncode == 0, run.stderr[-3000:]
+        assert verl.__version__ == "0.9.1"
+        assert LOADED_BY_IMPORT_VERL, "import verl did not load leaf_plugins.integrations.verl (entry point verl.plugins)"
+        assert ray_trainer.compute_advantage is leaf_verl.compute_advantage
 
     @pytest.mark.parametrize(("name", "params"), [("leaf", {"fork_budget": 2}), ("leaf", {"fork_budget": 1}),
                                                   ("collision", {}), ("full_tree", {})])
