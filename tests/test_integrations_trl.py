@@ -25,13 +25,15 @@ WORDS = "yes no maybe red green blue one two three four".split()
 PROMPTS = ["say a colour", "count to three", "answer yes or no", "name a number"]
 K = 4
 TEMPERATURE = 1.0
+RECORDED = ("prompt_ids", "completion_ids", "completion_mask", "advantages")
 
 
 def tokenizer() -> PreTrainedTokenizerFast:
     """A word-level tokenizer trained in-process (no hub)."""
     core = Tokenizer(models.WordLevel(unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Whitespace()
-    core.train_from_iterator(PROMPTS + [" ".join(WORDS)], trainers.WordLevelTrainer(special_tokens=["<pad>", "<eos>", "<unk>"]))
+    special = trainers.WordLevelTrainer(special_tokens=["<pad>", "<eos>", "<unk>"])
+    core.train_from_iterator(PROMPTS + [" ".join(WORDS)], special)
     return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
 
 
@@ -66,7 +68,7 @@ def config(tmp_path, config_class=LeafGRPOConfig, **extra: object):  # type: ign
     return config_class(**{**options, **extra})
 
 
-def trainer(tmp_path, trainer_class=LeafGRPOTrainer, config_class=LeafGRPOConfig, **extra: object):  # type: ignore[no-untyped-def]
+def trainer(tmp_path, trainer_class=LeafGRPOTrainer, config_class=LeafGRPOConfig, **extra):
     tok = tokenizer()
     return trainer_class(
         model=tiny_model(len(tok)), reward_funcs=reward_words, processing_class=tok,
@@ -91,7 +93,7 @@ def record_losses(run) -> list[dict[str, torch.Tensor]]:  # type: ignore[no-unty
         log_pi = torch.log_softmax(logits, dim=-1)  # [B, C, V]
         loss = original(model, inputs)
         seen.append({
-            **{key: inputs[key].detach().clone() for key in ("prompt_ids", "completion_ids", "completion_mask", "advantages")},
+            **{key: inputs[key].detach().clone() for key in RECORDED},
             "logprobs": log_pi.gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1),
             "sum_pi_squared": log_pi.mul(2).exp().sum(-1),
             "loss": loss.detach().clone(),
@@ -128,9 +130,9 @@ def test_leaf_advantages_reaching_the_loss_equal_estimate(tmp_path) -> None:
     for record in seen:
         advantages = record["advantages"]
         assert advantages.shape == record["completion_ids"].shape  # [B, T]: per token
-        torch.testing.assert_close(advantages.double(), expected_advantages(record, lp.Engine("leaf", {"fork_budget": 2})).double(),
-                                   atol=2e-5, rtol=1e-4)
-        # tree credit, not a broadcast: some response gets different credit on different tokens
+        want = expected_advantages(record, lp.Engine("leaf", {"fork_budget": 2}))
+        torch.testing.assert_close(advantages.double(), want.double(), atol=2e-5, rtol=1e-4)
+    # tree credit, not a broadcast: some response gets different credit on different tokens
     assert any(
         bool(((r["advantages"] - r["advantages"][:, :1]).abs() * r["completion_mask"]).amax() > 1e-4) for r in seen
     )
@@ -196,3 +198,16 @@ def _stack_padded(parts: list[torch.Tensor]) -> torch.Tensor:
     width = max(part.shape[1] for part in parts)
     return torch.cat([torch.nn.functional.pad(part, (0, 0) * (part.dim() - 2) + (0, width - part.shape[1]))
                       for part in parts])
+
+
+def test_readme_snippet_trains_on_cpu(tmp_path, monkeypatch) -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Use with TRL / verl", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, object] = {}
+    exec(compile(code, "README.md (Use with TRL / verl)", "exec"), namespace)
+    run = namespace["trainer"]
+    assert isinstance(run, LeafGRPOTrainer) and run.engine.name == "leaf"
+    assert run.state.global_step == 3
+    assert torch.isfinite(torch.tensor(run.state.log_history[-1]["train_loss"]))

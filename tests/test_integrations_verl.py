@@ -103,7 +103,7 @@ else:
 
     def test_plugin_is_loaded_by_import_verl_through_the_entry_point() -> None:
         assert verl.__version__ == "0.9.1"
-        assert LOADED_BY_IMPORT_VERL, "import verl did not load leaf_plugins.integrations.verl (entry point verl.plugins)"
+        assert LOADED_BY_IMPORT_VERL, "import verl did not load leaf_plugins.integrations.verl (verl.plugins)"
         assert ray_trainer.compute_advantage is leaf_verl.compute_advantage
 
     @pytest.mark.parametrize(("name", "params"), [("leaf", {"fork_budget": 2}), ("leaf", {"fork_budget": 1}),
@@ -174,3 +174,20 @@ else:
         assert hasattr(core_algos.get_adv_estimator_fn(name), "leaf_estimator")
         assert not need_critic(config)
         leaf_verl._engine(name, leaf_verl._options(config.algorithm))  # the estimator parameters validate
+
+    def test_command_line_overrides_reach_the_estimator() -> None:
+        overrides = ["algorithm.adv_estimator=collision", "algorithm.leaf_plugins.fork_budget=1",
+                     "+algorithm.leaf_plugins.stages.select_boundaries=leaf"]
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+            config = compose("grpo_leaf_qwen2_5_3b", overrides=overrides)
+        options = leaf_verl._options(config.algorithm)
+        assert options == {"fork_budget": 1, "stages": {"select_boundaries": "leaf"}}
+        data = ray_trainer.compute_advantage(dataproto(), adv_estimator=config.algorithm.adv_estimator,
+                                             config=config.algorithm)
+        want = torch.zeros_like(data.batch["advantages"])
+        lps = _logprobs(0)
+        batch = lp.RolloutBatch.from_lists(RESPONSES, REWARDS, [1] * 4 + [0] * 4,
+                                           surprisal=[[-x for x in row] for row in lps], logprobs=lps)
+        estimated = lp.estimate(batch, "collision", {"select_boundaries": "leaf"}, fork_budget=1).advantages
+        want[:, : estimated.shape[1]] = estimated
+        torch.testing.assert_close(data.batch["advantages"], want)
