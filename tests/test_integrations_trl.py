@@ -122,16 +122,40 @@ def expected_advantages(record: dict[str, torch.Tensor], engine: lp.Engine) -> t
     return engine.estimate(batch).advantages
 
 
+class BatchObserver:
+    """Keeps every batch the engine estimates."""
+
+    def __init__(self) -> None:
+        self.batches: list[lp.RolloutBatch] = []
+
+    @lp.hookimpl
+    def on_estimate(self, batch: lp.RolloutBatch, result: lp.EstimateResult) -> None:
+        self.batches.append(batch)
+
+
 def test_leaf_advantages_reaching_the_loss_equal_estimate(tmp_path) -> None:
     run = trainer(tmp_path, estimator="leaf", estimator_params={"fork_budget": 2})
     seen = record_losses(run)
+    observer = BatchObserver()
+    run.engine.manager.register(observer, name="observer:test")
     run.train()
-    assert len(seen) == 3
-    for record in seen:
+    assert len(seen) == len(observer.batches) == 3
+    for record, batch in zip(seen, observer.batches):
         advantages = record["advantages"]
         assert advantages.shape == record["completion_ids"].shape  # [B, T]: per token
         want = expected_advantages(record, lp.Engine("leaf", {"fork_budget": 2}))
         torch.testing.assert_close(advantages.double(), want.double(), atol=2e-5, rtol=1e-4)
+        # the estimator's batch (generation order; the loss sees TRL's shuffle) holds each completion's log-probs
+        # and sum_pi_squared as a plain full-logits forward pass computes them
+        lengths = record["completion_mask"].sum(dim=1)
+        for i, length in enumerate(lengths.tolist()):
+            same = (batch.lengths == length) & (batch.tokens[:, :length] == record["completion_ids"][i, :length]).all(1)
+            assert any(
+                torch.allclose(batch.logprobs[j, :length].double(), record["logprobs"][i, :length], atol=2e-5)
+                and torch.allclose(batch.sum_pi_squared[j, :length].double(), record["sum_pi_squared"][i, :length],
+                                   atol=2e-5)
+                for j in same.nonzero().flatten().tolist()
+            ), f"completion {i}"
     # tree credit, not a broadcast: some response gets different credit on different tokens
     assert any(
         bool(((r["advantages"] - r["advantages"][:, :1]).abs() * r["completion_mask"]).amax() > 1e-4) for r in seen
@@ -153,6 +177,22 @@ def test_grpo_through_the_adapter_reproduces_trl_grpo(tmp_path) -> None:
     # three Adam steps of lr 1e-2 from the same start: float rounding moves weights by ~1e-6, a wrong sign by ~1e-2
     for (name, mine), (_, reference) in zip(ours.model.named_parameters(), theirs.model.named_parameters()):
         torch.testing.assert_close(mine, reference, atol=1e-5, rtol=0, msg=name)
+
+
+def test_unscored_completions_get_no_credit_and_leave_their_group(tmp_path) -> None:
+    run = trainer(tmp_path, estimator="leaf", estimator_params={"fork_budget": 1})
+    ids = torch.tensor([[3, 4, 5, 1], [3, 4, 1, 0], [3, 6, 1, 0], [3, 4, 5, 1]])  # one group of K = 4
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 1, 0], [1, 1, 1, 1]])
+    logprobs = -torch.arange(16, dtype=torch.float32).reshape(4, 4) / 10 * mask
+    run._rewards_per_func = torch.tensor([[1.0], [0.0], [float("nan")], [0.5]])  # completion 2: unscored
+    advantages = run._advantages(ids, mask, logprobs, logprobs.exp() * mask, group_size=K)
+    assert bool((advantages[2] == 0).all())
+    rows = [0, 1, 3]
+    kept = [int(mask[i].sum()) for i in rows]
+    batch = lp.RolloutBatch.from_lists([ids[i, :n].tolist() for i, n in zip(rows, kept)], [1.0, 0.0, 0.5], [0, 0, 0],
+                                       surprisal=[(-logprobs[i, :n]).tolist() for i, n in zip(rows, kept)])
+    want = lp.estimate(batch, "leaf", fork_budget=1).advantages
+    torch.testing.assert_close(advantages[rows], want)
 
 
 def test_stage_override_reaches_the_loss(tmp_path) -> None:
