@@ -15,7 +15,7 @@ echo "building the verl environment in $ENV_DIR"
 BASE_PYTHON="$(python -c 'import sys; print(sys.base_prefix)')/bin/python3"
 "$BASE_PYTHON" -m venv --system-site-packages "$ENV_DIR"
 # verl's ray_trainer also imports cachetools, uvicorn and fastapi, which verl 0.9.1 does not declare
-"$PY" -m pip --disable-pip-version-check -q install --root-user-action=ignore \
+"$PY" -m pip --disable-pip-version-check -q install --root-user-action=ignore --no-compile \
   "verl==0.9.1" "transformers>=5.5.3,!=5.6.0,<5.11" cachetools uvicorn fastapi
 "$PY" -m pip --disable-pip-version-check -q install --root-user-action=ignore --no-deps -e .
 if ! out=$("$PY" -W ignore -c "import verl, leaf_plugins.integrations.verl" 2>&1); then

@@ -110,10 +110,12 @@ else:
                                                   ("collision", {}), ("full_tree", {})])
     def test_verls_compute_advantage_gives_estimate(name: str, params: dict) -> None:
         config = OmegaConf.create({"adv_estimator": name, "leaf_plugins": params})
-        data = ray_trainer.compute_advantage(dataproto(), adv_estimator=name, num_repeat=4, config=config)
+        # called as verl's trainer calls it
+        data = ray_trainer.compute_advantage(dataproto(), adv_estimator=name, gamma=1.0, lam=1.0, num_repeat=4,
+                                             norm_adv_by_std_in_grpo=True, config=config)
         want = torch.zeros_like(data.batch["advantages"])
-        got_expected = expected(name, **params)
-        want[:, : got_expected.shape[1]] = got_expected
+        estimated = expected(name, **params)
+        want[:, : estimated.shape[1]] = estimated
         torch.testing.assert_close(data.batch["advantages"], want, atol=1e-6, rtol=1e-6)
         torch.testing.assert_close(data.batch["returns"], want)
         assert bool((data.batch["advantages"] * (1 - data.batch["response_mask"])).eq(0).all())
@@ -133,7 +135,7 @@ else:
         leaf_verl._engine = lambda name, options: lp.Engine(name, {"fork_budget": 2}, options.get("stages"),
                                                             observers=[Observer()])
         try:
-            data = ray_trainer.compute_advantage(dataproto(sum_pi_squared=True), adv_estimator="leaf", config=config)
+            data = ray_trainer.compute_advantage(dataproto(sum_pi_squared=True), "leaf", 1.0, 1.0, 1, True, config)
         finally:
             leaf_verl._engine = original
         batch = seen[0]

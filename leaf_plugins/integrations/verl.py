@@ -15,6 +15,7 @@ entry holds stage overrides).
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 from typing import Any, Callable, Mapping
 
@@ -69,11 +70,12 @@ def compute_advantage(data: Any, adv_estimator: Any, *args: Any, **kwargs: Any) 
     if "response_mask" not in data.batch.keys():
         data.batch["response_mask"] = ray_trainer.compute_response_mask(data)
     extra = {key: data.batch[key] for key in PASSED_KEYS if key in data.batch.keys()}
+    arguments = inspect.signature(_VERL_COMPUTE_ADVANTAGE).bind(data, adv_estimator, *args, **kwargs).arguments
     advantages, returns = fn(
         token_level_rewards=data.batch["token_level_rewards"],
         response_mask=data.batch["response_mask"],
         index=data.non_tensor_batch.get("uid"),
-        config=kwargs.get("config"),
+        config=arguments.get("config"),
         **extra,
     )
     data.batch["advantages"] = advantages
