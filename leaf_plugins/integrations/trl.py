@@ -81,7 +81,7 @@ class LeafGRPOTrainer(GRPOTrainer):
         call (loss, reference, generation) keeps TRL's own head."""
         base = self.model.get_base_model() if is_peft_model(self.model) else self.model
         trl_forward = base.forward
-        del base.forward  # back to the class's forward, which add_fused_lm_head wraps again
+        vars(base).pop("forward", None)  # back to the class's forward, which add_fused_lm_head wraps again
         add_fused_lm_head(base, temperature=self.temperature, cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32,
                           outputs=("log_probs", "log_sum_sq_probs"))
         scoring_forward = base.forward
