@@ -2,7 +2,7 @@
 # Installs everything leaf-plugins needs on a fresh Debian machine (idempotent).
 # torch is installed first and pinned to the CPU build this machine has on disk; on a GPU
 # cluster install your own CUDA build of torch first and this script keeps it
-# (LEAF_TORCH_SPEC="" skips the torch step).
+# (LEAF_TORCH_SPEC="" skips the torch step). TRL goes in this environment; verl in .venv-verl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,4 +22,6 @@ if [ -n "$TORCH_SPEC" ] && ! python -c "import torch" >/dev/null 2>&1; then
   $PIP_INSTALL "$TORCH_SPEC"
 fi
 echo "installing leaf-plugins and its dependencies"
-$PIP_INSTALL -e ".[test,eval]"
+$PIP_INSTALL -e ".[test,eval,trl]"
+# verl pins an older transformers, so it gets its own environment (.venv-verl) for its integration
+bash scripts/install_verl_env.sh

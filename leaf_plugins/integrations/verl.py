@@ -1,0 +1,139 @@
+"""Every registered leaf-plugins estimator as a verl advantage estimator.
+
+Importing this module (verl does it on ``import verl`` through the ``verl.plugins`` entry
+point this package declares) registers each leaf-plugins estimator in verl's
+``ADV_ESTIMATOR_REGISTRY`` under its own name, except names verl already has (``grpo``,
+``rloo``, ...: verl's own stay), and wraps verl's ``compute_advantage`` so that these
+estimators also receive what tree credit needs and verl's registry call omits: the
+response tokens (``responses``), the old log-probs (``old_log_probs``, surprisal is their
+negative) and ``sum_pi_squared`` where the actor computed it
+(``actor_rollout_ref.actor.calculate_sum_pi_squared=true``). Estimator parameters come from
+``algorithm.leaf_plugins`` (e.g. ``+algorithm.leaf_plugins.fork_budget=2``; a ``stages``
+entry holds stage overrides).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+from verl.trainer.ppo import core_algos, ray_trainer
+
+from leaf_plugins.core.engine import Engine
+from leaf_plugins.core.errors import ConfigError
+from leaf_plugins.core.plugins import get_host
+from leaf_plugins.integrations.padded import padded_batch
+
+__all__ = ["register", "install", "compute_advantage", "leaf_estimators", "PASSED_KEYS"]
+
+PASSED_KEYS = ("responses", "old_log_probs", "sum_pi_squared")
+"""``DataProto.batch`` entries the wrapped ``compute_advantage`` passes to leaf estimators."""
+
+_VERL_COMPUTE_ADVANTAGE = ray_trainer.compute_advantage
+
+
+def leaf_estimators() -> dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]]:
+    """The verl estimator functions registered for leaf-plugins, by name."""
+    return {name: fn for name, fn in core_algos.ADV_ESTIMATOR_REGISTRY.items() if hasattr(fn, "leaf_estimator")}
+
+
+def register() -> list[str]:
+    """Register every leaf-plugins estimator whose name verl does not already use;
+    returns the names now served by leaf-plugins. Idempotent."""
+    for name in get_host().estimators.names():
+        if name not in core_algos.ADV_ESTIMATOR_REGISTRY:
+            core_algos.register_adv_est(name)(_verl_estimator(name))
+    return sorted(leaf_estimators())
+
+
+def install() -> None:
+    """Register the estimators and make verl's trainers call ``compute_advantage`` below
+    (verl's modules that imported it by name are rebound too). Idempotent."""
+    register()
+    for module in list(sys.modules.values()):
+        if vars(module).get("compute_advantage") is _VERL_COMPUTE_ADVANTAGE:  # vars: no lazy-module __getattr__
+            module.compute_advantage = compute_advantage  # type: ignore[attr-defined]
+
+
+@functools.wraps(_VERL_COMPUTE_ADVANTAGE)
+def compute_advantage(data: Any, adv_estimator: Any, *args: Any, **kwargs: Any) -> Any:
+    """verl's ``compute_advantage``, except that a leaf-plugins estimator also receives
+    the ``PASSED_KEYS`` the batch holds. Every other estimator goes to verl's own."""
+    name = getattr(adv_estimator, "value", adv_estimator)
+    fn = leaf_estimators().get(name)
+    if fn is None:
+        return _VERL_COMPUTE_ADVANTAGE(data, adv_estimator, *args, **kwargs)
+    if "response_mask" not in data.batch.keys():
+        data.batch["response_mask"] = ray_trainer.compute_response_mask(data)
+    extra = {key: data.batch[key] for key in PASSED_KEYS if key in data.batch.keys()}
+    arguments = inspect.signature(_VERL_COMPUTE_ADVANTAGE).bind(data, adv_estimator, *args, **kwargs).arguments
+    advantages, returns = fn(
+        token_level_rewards=data.batch["token_level_rewards"],
+        response_mask=data.batch["response_mask"],
+        index=data.non_tensor_batch.get("uid"),
+        config=arguments.get("config"),
+        **extra,
+    )
+    data.batch["advantages"] = advantages
+    data.batch["returns"] = returns
+    return data
+
+
+@functools.cache
+def _verl_estimator(name: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    def estimator(
+        token_level_rewards: torch.Tensor,  # [N, T] float: the reward sits on each response's last token
+        response_mask: torch.Tensor,  # [N, T] int: 1 on the tokens the loss trains
+        index: np.ndarray | None = None,  # [N] prompt uid of each response
+        config: Any = None,  # verl's algorithm config; its ``leaf_plugins`` entry holds the parameters
+        responses: torch.Tensor | None = None,  # [N, T] int: response token ids
+        old_log_probs: torch.Tensor | None = None,  # [N, T] float: log pi_old of each response token
+        sum_pi_squared: torch.Tensor | None = None,  # [N, T] float: sum_v pi_old(v)^2
+        **unused: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(advantages, returns)`` ``[N, T]`` each (equal, as verl's outcome estimators
+        return them), 0 outside ``response_mask``."""
+        if responses is None or index is None:
+            missing = "the response tokens" if responses is None else "the prompt uids"
+            raise ConfigError(
+                f"leaf-plugins estimator {name!r} needs {missing}, which verl's compute_advantage does not pass "
+                "to registered estimators: import leaf_plugins.integrations.verl (done on `import verl` through "
+                "the verl.plugins entry point when leaf-plugins is installed) and use verl's legacy trainer "
+                "(trainer.use_v1=false), whose compute_advantage it wraps; see docs/integrations.md"
+            )
+        engine = _engine(name, _options(config))
+        groups = torch.as_tensor(np.unique(np.asarray(index, dtype=object).astype(str), return_inverse=True)[1])
+        batch = padded_batch(responses, response_mask, token_level_rewards.sum(dim=-1),
+                             groups.reshape(-1).to(responses.device), old_log_probs, sum_pi_squared)
+        advantages = engine.estimate(batch).advantages.to(token_level_rewards.dtype) * response_mask  # [N, T]
+        return advantages, advantages
+
+    estimator.__name__ = f"leaf_plugins_{name}"
+    estimator.__qualname__ = estimator.__name__
+    estimator.leaf_estimator = name  # type: ignore[attr-defined]
+    return estimator
+
+
+def _options(config: Any) -> dict[str, Any]:
+    """The ``leaf_plugins`` entry of verl's algorithm config as a plain dict."""
+    if config is None:
+        return {}
+    options = config.get("leaf_plugins", None) if hasattr(config, "get") else getattr(config, "leaf_plugins", None)
+    if options is None:
+        return {}
+    if hasattr(options, "items"):
+        return {key: dict(value) if isinstance(value, Mapping) or hasattr(value, "items") else value
+                for key, value in options.items()}
+    raise ConfigError(f"algorithm.leaf_plugins must be a mapping of estimator parameters, got {options!r}")
+
+
+def _engine(name: str, options: dict[str, Any]) -> Engine:
+    params = {key: value for key, value in options.items() if key != "stages"}
+    return Engine(name, params, options.get("stages"))
+
+
+install()
