@@ -322,3 +322,21 @@ def test_a_very_large_group_needs_no_pairwise_table():
         group.append(PolicyResponse([0] * length, rng.random(), [math.log(p) for p in pi],
                                     [p * p + (1 - p) ** 2 * rng.random() for p in pi]))
     assert_matches_reference([group])
+
+
+def test_finite_junk_on_padding_is_never_read_and_a_nan_there_is_named():
+    batch, _ = to_batch(policy_groups(2))
+    clean = lp.estimate(batch, "otb").advantages
+    padding = ~batch.mask
+    junk = lp.RolloutBatch(batch.tokens, batch.lengths, batch.group_ids, batch.rewards,
+                           logprobs=batch.logprobs.masked_fill(padding, -3.0),
+                           sum_pi_squared=batch.sum_pi_squared.masked_fill(padding, 7.0))
+    assert torch.equal(lp.estimate(junk, "otb").advantages, clean)
+    row = int(batch.lengths.argmin())
+    logprobs = batch.logprobs.clone()
+    logprobs[row, batch.width - 1] = float("nan")
+    poisoned = lp.RolloutBatch(batch.tokens, batch.lengths, batch.group_ids, batch.rewards,
+                               logprobs=logprobs, sum_pi_squared=batch.sum_pi_squared)
+    assert int(batch.lengths[row]) < batch.width  # the NaN sits on padding
+    with pytest.raises(lp.ConfigError, match=r"logprobs\[\d+, \d+\] = nan is not finite \(padding must hold"):
+        lp.estimate(poisoned, "otb")

@@ -170,7 +170,8 @@ def _check_consistent(weight: torch.Tensor, logprobs: torch.Tensor, sum_pi_squar
     i, t = (int(v) for v in negative.nonzero()[0])
     pi = float(logprobs[i, t].exp())
     raise ConfigError(
-        f"path-variance weights: at response {i}, token {t}, sum_pi_squared = {float(sum_pi_squared[i, t]):.6g} is below "
+        f"path-variance weights: at response {i}, token {t}, "
+        f"sum_pi_squared = {float(sum_pi_squared[i, t]):.6g} is below "
         f"π² = {pi * pi:.6g} of the sampled token (π = exp(logprobs) = {pi:.6g}), which no distribution allows "
         f"(Σ_v π_v² >= π_a²): logprobs and sum_pi_squared must come from the same policy distribution "
         f"(the one the loss differentiates, not the top-p/temperature sampling one)"
@@ -196,7 +197,8 @@ def _check_finite(baseline: torch.Tensor, rewards: torch.Tensor, batch: RolloutB
             bad = ~torch.isfinite(values) & inside  # [N, T]
             if bool(bad.any()):
                 i, t = (int(v) for v in bad.nonzero()[0])
-                raise ConfigError(f"path-variance weights: {name}[{i}, {t}] = {float(values[i, t])} is not finite{where}")
+                raise ConfigError(
+                    f"path-variance weights: {name}[{i}, {t}] = {float(values[i, t])} is not finite{where}")
     raise ConfigError("optimal token baseline: overflowed (weights or rewards too large for float32)")
 
 
