@@ -9,6 +9,9 @@ from pathlib import Path
 
 import torch
 
+from leaf_plugins.training.trainer import Trainer
+from training_cases import config, examples, host, step_gradient
+
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "two_process_step.py"
 
 
@@ -31,3 +34,11 @@ def test_two_processes_share_the_prompts_and_end_with_identical_adapters(tmp_pat
     # the step really changed the adapter (LoRA B starts at zero)
     assert any(bool(value.abs().sum() > 0) for name, value in first.items() if "lora_B" in name)
     assert (tmp_path / "run" / "checkpoint-00000001").is_dir()
+    # the step's gradient is the one process's gradient of the whole step (paper Eq. 1's
+    # token mean over all 4 prompts), although the ranks' shares differ in length
+    single = Trainer(config(tmp_path / "single", "leaf", steps=1, checkpoint_every=1), examples(), host=host())
+    expected = step_gradient(single, examples()[:4])
+    for rank in ranks:
+        assert rank["gradient"].keys() == expected.keys()
+        for name in expected:
+            torch.testing.assert_close(rank["gradient"][name], expected[name], rtol=1e-4, atol=1e-7, msg=name)

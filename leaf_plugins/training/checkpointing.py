@@ -14,4 +14,4 @@ def enable_activation_checkpointing(model: Any) -> None:
     keeping them (non-reentrant ``torch.utils.checkpoint``: works with a frozen input and
     LoRA, keeps dropout's random state). Only training passes are affected; the audio
     encoder is frozen and runs without gradients anyway."""
-    language_model_of(model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    language_model_of(model).activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
