@@ -21,13 +21,20 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-__all__ = ["StepShape", "PHASES", "BACKBONE_VOCABULARIES", "measure", "run_in_process", "step_table", "plot_growth"]
+__all__ = ["StepShape", "PHASES", "BACKBONE_VOCABULARIES", "SIDE_BY_SIDE", "old_path_bytes", "measure", "run_in_process", "step_table", "plot_growth"]
 
 PHASES = ("encode", "generate", "score", "estimate", "reference", "policy", "backward", "optimizer")
 """``encode``: the prompts' embeddings, audio encoded once per prompt (today's path only:
 the old path encodes inside every pass)."""
 
 BACKBONE_VOCABULARIES = {"qwen2-audio": 156_032, "granite-speech": 49_160}
+
+AUDIO_SLOTS_PER_SECOND = {"qwen2-audio": 25, "granite-speech": 10}
+
+SIDE_BY_SIDE = (("qwen2-audio", 3, 5), ("qwen2-audio", 3, 10), ("qwen2-audio", 30, 50),
+                ("granite-speech", 30, 10), ("granite-speech", 30, 25), ("granite-speech", 30, 50))
+"""(backbone, clip seconds, T) measured on both paths where the old one fits; the new
+path also runs at the paper's shape (30 s, T = 200)."""
 
 REFERENCE_TEXT = "the cat sat on the mat near the small red house"
 
@@ -43,6 +50,14 @@ class StepShape:
     group_size: int = 8
     new_tokens: int = 200
     audio_seconds: int = 30
+
+
+def old_path_bytes(shape: StepShape) -> int:
+    """A generous estimate of the old path's largest float32 tensors at ``shape``: six
+    ``[N, T, V]`` in the rollout plus five ``[K, P + T, V]`` in a teacher-forced pass."""
+    prompt = AUDIO_SLOTS_PER_SECOND[shape.backbone] * shape.audio_seconds + 20
+    rows = shape.prompts * shape.group_size
+    return 4 * shape.vocab_size * (6 * rows * shape.new_tokens + 5 * shape.group_size * (prompt + shape.new_tokens))
 
 
 class MemorySampler:
@@ -178,18 +193,19 @@ def _gb(value: float) -> str:
 def step_table(rows: list[dict[str, Any]]) -> str:
     """Markdown: seconds per phase, the step's total, and its peak memory above the
     loaded model (GB), one row per measured step; then old/new ratios at equal shapes."""
-    header = ("| backbone (V) | T | path | " + " | ".join(PHASES) + " | step s | peak above model GB | peak RSS GB |\n"
-              "|---|---|---|" + "---|" * len(PHASES) + "---|---|---|")
+    header = ("| backbone (V) | audio s | T | path | " + " | ".join(PHASES) + " | step s | peak above model GB | peak RSS GB |\n"
+              "|---|---|---|---|" + "---|" * len(PHASES) + "---|---|---|")
     lines = [header]
     for row in rows:
         phases = " | ".join(f"{row['seconds'][p]:.2f}" if p in row["seconds"] else "–" for p in PHASES)
-        lines.append(f"| {row['backbone']} ({row['vocab_size']:,}) | {row['new_tokens']} | {row['path']} | {phases} | "
+        lines.append(f"| {row['backbone']} ({row['vocab_size']:,}) | {row['audio_seconds']} | {row['new_tokens']} | "
+                     f"{row['path']} | {phases} | "
                      f"{sum(row['seconds'].values()):.1f} | {_gb(row['peak'] - row['before'])} | {_gb(row['peak'])} |")
     ratios = []
     for new in (r for r in rows if r["path"] == "new"):
         for old in (r for r in rows if r["path"] == "old"):
-            if (old["backbone"], old["new_tokens"]) == (new["backbone"], new["new_tokens"]):
-                ratios.append(f"- {new['backbone']}, T = {new['new_tokens']}: old/new step time "
+            if all(old[key] == new[key] for key in ("backbone", "audio_seconds", "new_tokens")):
+                ratios.append(f"- {new['backbone']}, {new['audio_seconds']} s, T = {new['new_tokens']}: old/new step time "
                               f"{sum(old['seconds'].values()) / sum(new['seconds'].values()):.1f}×, peak memory above "
                               f"the model {(old['peak'] - old['before']) / max(new['peak'] - new['before'], 1):.1f}×")
     return "\n".join(lines + ([""] + ratios if ratios else []))
@@ -209,7 +225,7 @@ def plot_growth(rows: list[dict[str, Any]], path: Path) -> None:
                             if r["backbone"] == backbone and r["path"] == path_name)
             if points:
                 axis.plot(*zip(*points), style, label=f"{backbone} (V={BACKBONE_VOCABULARIES[backbone]:,}), {path_name}")
-    axis.set_xlabel("response tokens T (6 prompts × K = 8)")
+    axis.set_xlabel("response tokens T (6 prompts × K = 8; clip length in the table)")
     axis.set_ylabel("peak step memory above the model (GB)")
     axis.legend(fontsize=7)
     figure.tight_layout()

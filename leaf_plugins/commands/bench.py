@@ -35,10 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     step = sub.add_parser("step", help="one training step's time per phase and peak memory, old path and new")
     step.add_argument("--out", type=Path, default=Path("results/step"), help="directory for JSON, tables and plot")
     step.add_argument("--quick", action="store_true", help="a small run (seconds), e.g. for tests")
-    step.add_argument("--tokens", type=int, nargs="+", default=[10, 25, 50], metavar="T",
-                      help="response lengths measured on both paths (default 10 25 50); the new path also at 200")
     step.add_argument("--old-memory-gb", type=float, default=6.0, metavar="GB",
-                      help="skip the old path where its rollout tensors alone would exceed this (default 6)")
+                      help="skip the old path where its [N, T, V] and [K, P+T, V] tensors would exceed this (default 6)")
     step.set_defaults(bench=run_step)
 
 
@@ -109,20 +107,22 @@ def run_step(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from leaf_plugins.bench.step import BACKBONE_VOCABULARIES, StepShape, plot_growth, run_in_process, step_table
-    from leaf_plugins.bench.step_accounting import FLOAT32, accounting_table
+    from leaf_plugins.bench.step import (BACKBONE_VOCABULARIES, SIDE_BY_SIDE, StepShape, old_path_bytes, plot_growth,
+                                         run_in_process, step_table)
+    from leaf_plugins.bench.step_accounting import accounting_table
 
     if args.quick:
         shapes = [StepShape(path, "granite-speech", 4096, prompts=2, group_size=2, new_tokens=4, audio_seconds=2)
                   for path in ("old", "new")]
     else:
         shapes = []
-        for backbone, vocab in BACKBONE_VOCABULARIES.items():
-            for tokens in sorted(set(args.tokens)):
-                if 6 * 48 * tokens * vocab * FLOAT32 <= args.old_memory_gb * 1e9:
-                    shapes.append(StepShape("old", backbone, vocab, new_tokens=tokens))
-                shapes.append(StepShape("new", backbone, vocab, new_tokens=tokens))
-            shapes.append(StepShape("new", backbone, vocab, new_tokens=200))
+        for backbone, seconds, tokens in SIDE_BY_SIDE:
+            for path in ("old", "new"):
+                shape = StepShape(path, backbone, BACKBONE_VOCABULARIES[backbone], new_tokens=tokens,
+                                  audio_seconds=seconds)
+                if path == "new" or old_path_bytes(shape) <= args.old_memory_gb * 1e9:
+                    shapes.append(shape)
+        shapes += [StepShape("new", backbone, vocab) for backbone, vocab in BACKBONE_VOCABULARIES.items()]
     args.out.mkdir(parents=True, exist_ok=True)
     rows = [run_in_process(shape) for shape in tqdm(shapes, desc="steps", unit="step")]
     table, accounting = step_table(rows), accounting_table()
