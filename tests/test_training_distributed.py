@@ -42,3 +42,21 @@ def test_two_processes_share_the_prompts_and_end_with_identical_adapters(tmp_pat
         assert rank["gradient"].keys() == expected.keys()
         for name in expected:
             torch.testing.assert_close(rank["gradient"][name], expected[name], rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_fsdp2_generation_gathers_the_sharded_layers_once_per_rollout(tmp_path):
+    """accelerate 1.15 runs FSDP only on accelerators (on CPU it falls back to one plain
+    process), so FSDP2 is applied by hand here, on gloo."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                           str(SCRIPT.parent / "fsdp_generation.py"), str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in (0, 1):
+        result = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+        for sharded in (result["once"], result["per_forward"]):
+            assert torch.equal(sharded.tokens, result["unsharded"].tokens)
+            torch.testing.assert_close(sharded.logprobs, result["unsharded"].logprobs, rtol=0, atol=1e-6)
+        assert result["gathers_once"] == result["sharded_modules"]  # one all-gather per layer per rollout
+        steps = result["unsharded"].width
+        assert result["gathers_per_forward"] == result["sharded_modules"] * steps  # without it: per token

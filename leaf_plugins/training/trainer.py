@@ -29,6 +29,7 @@ from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.tasks.base import Example
 from leaf_plugins.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from leaf_plugins.training.config import TrainConfig
+from leaf_plugins.training.generation_weights import gathered_for_generation
 from leaf_plugins.training.checkpointing import enable_activation_checkpointing
 from leaf_plugins.training.lora import attach_lora
 from leaf_plugins.training.loss import PolicyLoss, policy_loss
@@ -183,7 +184,8 @@ class Trainer:
         started = time.perf_counter()
         torch.manual_seed(config.seed * 1_000_003 + step * 1_009 + self.accelerator.process_index)
         self.model.eval()
-        rollout = hook.rollout(context=context)
+        with gathered_for_generation(self.model):  # FSDP2: weights gathered once, not per token and layer
+            rollout = hook.rollout(context=context)
         rewards = hook.score_rollouts(context=context, rollout=rollout)
         batch = rollout.batch.with_rewards(rewards)
         sampled = time.perf_counter()
