@@ -54,9 +54,10 @@ def test_fsdp2_generation_gathers_the_sharded_layers_once_per_rollout(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     for rank in (0, 1):
         result = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
-        for sharded in (result["once"], result["per_forward"]):
+        torch.testing.assert_close(result["forced"], result["unsharded_forced"], rtol=0, atol=1e-6)
+        for sharded in (result["once"], result["per_forward"], result["root_sharded"]):
             assert torch.equal(sharded.tokens, result["unsharded"].tokens)
             torch.testing.assert_close(sharded.logprobs, result["unsharded"].logprobs, rtol=0, atol=1e-6)
         assert result["gathers_once"] == result["sharded_modules"]  # one all-gather per layer per rollout
         steps = result["unsharded"].width
-        assert result["gathers_per_forward"] == result["sharded_modules"] * steps  # without it: per token
+        assert result["gathers_per_forward"] >= result["sharded_modules"] * steps  # without it: every layer, every token

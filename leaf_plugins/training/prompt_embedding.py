@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import torch
 
-__all__ = ["embed_prompts", "language_model_of", "backbone_model_of", "head_on_positions"]
+__all__ = ["embed_prompts", "prompt_embeddings_in_front", "language_model_of", "backbone_model_of", "head_on_positions"]
 
 AUDIO_INPUTS = ("input_features", "feature_attention_mask", "input_features_mask")
 """Model inputs that only the audio encoder reads (the families' names)."""
@@ -55,15 +55,33 @@ def embed_prompts(model: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     def capture(_: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         raise _Captured(kwargs["inputs_embeds"] if kwargs.get("inputs_embeds") is not None else args[0])
 
-    inner = backbone_model_of(model)
-    handle = language_model_of(inner).register_forward_pre_hook(capture, with_kwargs=True)
-    try:
-        inner(**{key: value for key, value in inputs.items() if key != "inputs_embeds"})
+    handle = language_model_of(model).register_forward_pre_hook(capture, with_kwargs=True)
+    try:  # through the outer model, so that wrappers (FSDP) gather what they shard
+        model(**{key: value for key, value in inputs.items() if key != "inputs_embeds"})
     except _Captured as captured:
         return captured.embeddings.detach()
     finally:
         handle.remove()
-    raise RuntimeError(f"{type(inner).__name__} never called its language model")
+    raise RuntimeError(f"{type(backbone_model_of(model)).__name__} never called its language model")
+
+
+@contextlib.contextmanager
+def prompt_embeddings_in_front(model: Any, embeddings: torch.Tensor) -> Iterator[None]:
+    """Inside this block the language model's first ``L`` input positions are replaced
+    by ``embeddings`` ``[rows, L, H]``: a forward on the prompt ids followed by response
+    ids (no audio features, so the audio encoder does not run) then reads the shared
+    prompt embeddings, audio included, and the response tokens' own embeddings."""
+
+    def replace(_: torch.nn.Module, args: tuple, kwargs: dict) -> tuple:
+        computed = kwargs["inputs_embeds"]  # [rows, L + T, H]
+        kwargs["inputs_embeds"] = torch.cat([embeddings.to(computed.dtype), computed[:, embeddings.shape[1] :]], dim=1)
+        return args, kwargs
+
+    handle = language_model_of(model).register_forward_pre_hook(replace, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 @contextlib.contextmanager

@@ -25,7 +25,7 @@ from transformers import LogitsProcessorList
 
 from leaf_plugins.backbones.base import LoadedBackbone
 from leaf_plugins.core.batch import RolloutBatch
-from leaf_plugins.training.prompt_embedding import backbone_model_of, embed_prompts, head_on_positions
+from leaf_plugins.training.prompt_embedding import embed_prompts, head_on_positions, prompt_embeddings_in_front
 from leaf_plugins.training.selected_logprobs import selected_logprobs
 from leaf_plugins.training.token_stats import TokenStatistics
 
@@ -129,15 +129,14 @@ def response_logprobs(
     width = responses.shape[1]
     real = torch.arange(width, device=device).unsqueeze(0) < lengths.unsqueeze(1)  # [N, T]
     tokens = torch.where(real, responses, 0)  # [N, T]
-    prompt_mask = inputs["attention_mask"][prompt_index]  # [N, P]
-    prompt_width = prompt_mask.shape[1]
-    with torch.no_grad():  # the embedding table is frozen (LoRA is on the language model's linears)
-        response_embeddings = backbone_model_of(model).get_input_embeddings()(tokens)  # [N, T, H]
-    rows = torch.cat([embeddings[prompt_index], response_embeddings.to(embeddings.dtype)], dim=1)  # [N, P+T, H]
+    prompt_ids, prompt_mask = inputs["input_ids"][prompt_index], inputs["attention_mask"][prompt_index]  # [N, P]
+    prompt_width = prompt_ids.shape[1]
+    ids = torch.cat([prompt_ids, tokens], dim=1)  # [N, P+T]; the prompt part is replaced by its embeddings
     mask = torch.cat([prompt_mask, real.to(prompt_mask.dtype)], dim=1)  # [N, P+T]
     positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # as generate computes them for left padding
-    with head_on_positions(model, slice(prompt_width - 1, prompt_width + width - 1)):
-        logits = model(inputs_embeds=rows, attention_mask=mask, position_ids=positions).logits  # [N, T, V]
+    with prompt_embeddings_in_front(model, embeddings[prompt_index]), \
+            head_on_positions(model, slice(prompt_width - 1, prompt_width + width - 1)):
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits  # [N, T, V]
     return torch.where(real, selected_logprobs(logits, tokens, temperature), 0.0)
 
 
