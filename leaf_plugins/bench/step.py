@@ -31,8 +31,7 @@ BACKBONE_VOCABULARIES = {"qwen2-audio": 156_032, "granite-speech": 49_160}
 
 AUDIO_SLOTS_PER_SECOND = {"qwen2-audio": 25, "granite-speech": 10}
 
-SIDE_BY_SIDE = (("qwen2-audio", 3, 5), ("qwen2-audio", 3, 10), ("qwen2-audio", 30, 50),
-                ("granite-speech", 30, 10), ("granite-speech", 30, 25), ("granite-speech", 30, 50))
+SIDE_BY_SIDE = (("qwen2-audio", 3, 5), ("qwen2-audio", 3, 10), ("granite-speech", 30, 10), ("granite-speech", 30, 25))
 """(backbone, clip seconds, T) measured on both paths where the old one fits; the new
 path also runs at the paper's shape (30 s, T = 200)."""
 
@@ -53,11 +52,13 @@ class StepShape:
 
 
 def old_path_bytes(shape: StepShape) -> int:
-    """A generous estimate of the old path's largest float32 tensors at ``shape``: six
-    ``[N, T, V]`` in the rollout plus five ``[K, P + T, V]`` in a teacher-forced pass."""
+    """A generous estimate of the old path's largest float32 tensors at ``shape``: the
+    prefill's ``[N, P, V]`` logits (Qwen2-Audio's forward has no ``logits_to_keep``), six
+    ``[N, T, V]`` in the rollout, and five ``[K, P + T, V]`` in a teacher-forced pass."""
     prompt = AUDIO_SLOTS_PER_SECOND[shape.backbone] * shape.audio_seconds + 20
     rows = shape.prompts * shape.group_size
-    return 4 * shape.vocab_size * (6 * rows * shape.new_tokens + 5 * shape.group_size * (prompt + shape.new_tokens))
+    return 4 * shape.vocab_size * (rows * prompt + 6 * rows * shape.new_tokens
+                                   + 5 * shape.group_size * (prompt + shape.new_tokens))
 
 
 class MemorySampler:

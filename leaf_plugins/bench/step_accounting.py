@@ -22,16 +22,17 @@ class ModelShape:
     head_dim: int
     parameters: float  # all weights, billions
     audio_tokens: int  # language-model slots of a 30 s clip
+    keeps_last_logits: bool  # its forward takes logits_to_keep, so generate's prefill projects one position
     text_tokens: int = 40  # chat template and instruction around the audio
 
 
 PAPER_MODELS = (
     # Qwen-7B text model; Whisper-large-v3 encoder: 3000 mel frames → 1500 → pooled to 750 slots
     ModelShape("Qwen2-Audio-7B", vocab=156_032, hidden=4096, layers=32, kv_heads=32, head_dim=128, parameters=8.4,
-               audio_tokens=750),
+               audio_tokens=750, keeps_last_logits=False),
     # granite-3.3-8b text model; conformer at 50 frames/s, Q-Former window 15 → 3 queries: 10 slots/s
     ModelShape("Granite Speech 3.3 8B", vocab=49_160, hidden=4096, layers=40, kv_heads=8, head_dim=128,
-               parameters=8.6, audio_tokens=300),
+               parameters=8.6, audio_tokens=300, keeps_last_logits=True),
 )
 
 PROMPTS, GROUP, NEW_TOKENS = 6, 8, 200
@@ -49,6 +50,8 @@ def accounting_rows(model: ModelShape) -> list[tuple[str, str, float, float]]:
         ("KV cache in generation (bf16)", "2 · layers · N · (P+T) · kv_heads · head_dim · 2",
          2 * model.layers * rows * (prompt + t) * model.kv_heads * model.head_dim * BF16,
          2 * model.layers * rows * (prompt + t) * model.kv_heads * model.head_dim * BF16),
+        ("generation prefill logits (bf16)", "before N · (P or 1) · V · 2; now N · V · 2",
+         rows * (1 if model.keeps_last_logits else prompt) * v * BF16, rows * v * BF16),
         # before: generate's scores and logits tuples, then stacked logits, their log-softmax,
         # and the squared-probability temporary (or the stacked scores and their log-softmax)
         ("rollout per-token statistics (fp32)", "before 6 · N·T·V · 4; now 2 · N·V · 4 + 3 · N·T · 4",

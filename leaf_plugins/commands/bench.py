@@ -35,8 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     step = sub.add_parser("step", help="one training step's time per phase and peak memory, old path and new")
     step.add_argument("--out", type=Path, default=Path("results/step"), help="directory for JSON, tables and plot")
     step.add_argument("--quick", action="store_true", help="a small run (seconds), e.g. for tests")
-    step.add_argument("--old-memory-gb", type=float, default=6.0, metavar="GB",
-                      help="skip the old path where its [N, T, V] and [K, P+T, V] tensors would exceed this (default 6)")
+    step.add_argument("--old-memory-gb", type=float, default=8.0, metavar="GB",
+                      help="skip the old path where its [N, P|T, V] and [K, P+T, V] tensors would exceed this (default 8)")
     step.set_defaults(bench=run_step)
 
 

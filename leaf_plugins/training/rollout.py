@@ -69,18 +69,19 @@ def sample_responses(
     embeddings = inputs["inputs_embeds"] if "inputs_embeds" in inputs else embed_prompts(model, inputs)  # [P, L, H]
     device = embeddings.device
     statistics = TokenStatistics(temperature, top_p, audio_token_ids(loaded), device)
-    generated = model.generate(
-        inputs_embeds=embeddings.repeat_interleave(group_size, dim=0),  # [N, L, H]
-        attention_mask=inputs["attention_mask"].repeat_interleave(group_size, dim=0),
-        logits_processor=LogitsProcessorList([statistics]),
-        do_sample=True,
-        temperature=1.0,  # TokenStatistics applies the temperature, top-p and the audio-token ban
-        top_p=1.0,
-        top_k=0,
-        max_new_tokens=max_new_tokens,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )  # [N, T]: with inputs_embeds only, generate returns the new tokens alone
+    with head_on_positions(model, slice(-1, None)):  # the prefill projects the last position only, not [N, L, V]
+        generated = model.generate(
+            inputs_embeds=embeddings.repeat_interleave(group_size, dim=0),  # [N, L, H]
+            attention_mask=inputs["attention_mask"].repeat_interleave(group_size, dim=0),
+            logits_processor=LogitsProcessorList([statistics]),
+            do_sample=True,
+            temperature=1.0,  # TokenStatistics applies the temperature, top-p and the audio-token ban
+            top_p=1.0,
+            top_k=0,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )  # [N, T]: with inputs_embeds only, generate returns the new tokens alone
     recorded = statistics.finish(generated[:, -1])  # [N, T] each
     lengths = _response_lengths(generated, tokenizer.eos_token_id)  # [N]
     width = generated.shape[1]
