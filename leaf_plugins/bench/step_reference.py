@@ -18,8 +18,7 @@ from typing import Any, Sequence
 import torch
 
 from leaf_plugins.backbones.base import LoadedBackbone
-from leaf_plugins.core.batch import RolloutBatch
-from leaf_plugins.training.rollout import SURPRISAL_SOURCES, Rollout, _response_lengths, audio_token_ids
+from leaf_plugins.training.rollout import SURPRISAL_SOURCES, Rollout, assemble_rollout, audio_token_ids
 
 __all__ = ["sample_responses_k_copies", "response_logprobs_full_vocabulary"]
 
@@ -60,9 +59,6 @@ def sample_responses_k_copies(
     )
     prompt_width = inputs["input_ids"].shape[1]
     generated = output.sequences[:, prompt_width:]  # [N, T]
-    lengths = _response_lengths(generated, tokenizer.eos_token_id)  # [N]
-    width = generated.shape[1]
-    real = torch.arange(width, device=generated.device).unsqueeze(0) < lengths.unsqueeze(1)  # [N, T]
     policy_logits = torch.stack(output.logits, dim=1).float() / temperature  # [N, T, V]
     policy_log_probabilities = torch.log_softmax(policy_logits, dim=-1)  # [N, T, V]
     logprobs = _taken(policy_log_probabilities, generated)  # [N, T]
@@ -72,21 +68,8 @@ def sample_responses_k_copies(
         surprisal = -_taken(torch.log_softmax(sampling_scores, dim=-1), generated)
     else:
         surprisal = -logprobs
-    prompts = inputs["input_ids"].shape[0]
-    prompt_index = torch.arange(prompts, device=generated.device).repeat_interleave(group_size)  # [N]
-    ids = torch.as_tensor(list(group_ids), device=generated.device)[prompt_index] if group_ids is not None else prompt_index
-    batch = RolloutBatch(
-        tokens=torch.where(real, generated, -1).cpu(),
-        lengths=lengths.cpu(),
-        group_ids=ids.cpu(),
-        rewards=torch.zeros(generated.shape[0]),
-        surprisal=torch.where(real, surprisal, 0.0).cpu(),
-        logprobs=torch.where(real, logprobs, 0.0).cpu(),
-        sum_pi_squared=torch.where(real, sum_pi_squared, 0.0).cpu(),
-        vocab_size=policy_logits.shape[-1],  # the model may sample ids beyond len(tokenizer) (padded embeddings)
-    )
-    texts = tokenizer.batch_decode(torch.where(real, generated, tokenizer.pad_token_id), skip_special_tokens=True)
-    return Rollout(batch=batch, prompt_index=prompt_index.cpu(), texts=texts)
+    return assemble_rollout(tokenizer, generated, logprobs, surprisal, sum_pi_squared, policy_logits.shape[-1],
+                            group_size, group_ids)
 
 
 def response_logprobs_full_vocabulary(

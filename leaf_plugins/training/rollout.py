@@ -18,7 +18,7 @@ top-p) or ``"policy"`` (``-logprobs``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from transformers import LogitsProcessorList
@@ -29,7 +29,7 @@ from leaf_plugins.training.prompt_embedding import embed_prompts, head_on_positi
 from leaf_plugins.training.selected_logprobs import selected_logprobs
 from leaf_plugins.training.token_stats import TokenStatistics
 
-__all__ = ["Rollout", "sample_responses", "response_logprobs", "audio_token_ids", "SURPRISAL_SOURCES"]
+__all__ = ["Rollout", "sample_responses", "assemble_rollout", "response_logprobs", "audio_token_ids", "SURPRISAL_SOURCES"]
 
 SURPRISAL_SOURCES = ("sampling", "policy")
 
@@ -83,13 +83,20 @@ def sample_responses(
             eos_token_id=tokenizer.eos_token_id,
         )  # [N, T]: with inputs_embeds only, generate returns the new tokens alone
     recorded = statistics.finish(generated[:, -1])  # [N, T] each
+    surprisal = -recorded["sampling_logprobs"] if surprisal_from == "sampling" else -recorded["logprobs"]
+    return assemble_rollout(tokenizer, generated, recorded["logprobs"], surprisal, recorded["sum_pi_squared"],
+                            statistics.vocab_size, group_size, group_ids)
+
+
+def assemble_rollout(tokenizer: Any, generated: torch.Tensor, logprobs: torch.Tensor, surprisal: torch.Tensor,
+                     sum_pi_squared: torch.Tensor, vocab_size: int, group_size: int,
+                     group_ids: Sequence[int] | None) -> Rollout:
+    """The ``Rollout`` of ``[N, T]`` generated ids (K consecutive rows per prompt) and
+    their per-token values: cut after the first EOS, padded with ``-1`` / 0, decoded."""
+    device = generated.device
     lengths = _response_lengths(generated, tokenizer.eos_token_id)  # [N]
-    width = generated.shape[1]
-    real = torch.arange(width, device=device).unsqueeze(0) < lengths.unsqueeze(1)  # [N, T]
-    logprobs = recorded["logprobs"]
-    surprisal = -recorded["sampling_logprobs"] if surprisal_from == "sampling" else -logprobs
-    prompts = inputs["attention_mask"].shape[0]
-    prompt_index = torch.arange(prompts, device=device).repeat_interleave(group_size)  # [N]
+    real = torch.arange(generated.shape[1], device=device).unsqueeze(0) < lengths.unsqueeze(1)  # [N, T]
+    prompt_index = torch.arange(generated.shape[0] // group_size, device=device).repeat_interleave(group_size)  # [N]
     ids = torch.as_tensor(list(group_ids), device=device)[prompt_index] if group_ids is not None else prompt_index
     batch = RolloutBatch(
         tokens=torch.where(real, generated, -1).cpu(),
@@ -98,8 +105,8 @@ def sample_responses(
         rewards=torch.zeros(generated.shape[0]),
         surprisal=torch.where(real, surprisal, 0.0).cpu(),
         logprobs=torch.where(real, logprobs, 0.0).cpu(),
-        sum_pi_squared=torch.where(real, recorded["sum_pi_squared"], 0.0).cpu(),
-        vocab_size=statistics.vocab_size,  # the model may sample ids beyond len(tokenizer) (padded embeddings)
+        sum_pi_squared=torch.where(real, sum_pi_squared, 0.0).cpu(),
+        vocab_size=vocab_size,  # the model may sample ids beyond len(tokenizer) (padded embeddings)
     )
     texts = tokenizer.batch_decode(torch.where(real, generated, tokenizer.pad_token_id), skip_special_tokens=True)
     return Rollout(batch=batch, prompt_index=prompt_index.cpu(), texts=texts)
