@@ -44,7 +44,8 @@ def by_hand(trainer, aggregation: str) -> dict[str, torch.Tensor]:
     trainer.optimizer.zero_grad()
     current = response_logprobs(trainer.policy, inputs, batch.tokens, batch.lengths, rollout.prompt_index)
     ratio = torch.exp(current - batch.logprobs)
-    surrogate = torch.minimum(ratio * advantages, ratio.clamp(1 - optim.clip_epsilon, 1 + optim.clip_epsilon) * advantages)
+    clipped = ratio.clamp(1 - optim.clip_epsilon, 1 + optim.clip_epsilon)
+    surrogate = torch.minimum(ratio * advantages, clipped * advantages)
     k3 = torch.exp(reference - current) - (reference - current) - 1
     per_token = (-surrogate + optim.kl_coefficient * k3) * mask
     if aggregation == "token_mean":

@@ -60,4 +60,5 @@ def test_fsdp2_generation_gathers_the_sharded_layers_once_per_rollout(tmp_path):
             torch.testing.assert_close(sharded.logprobs, result["unsharded"].logprobs, rtol=0, atol=1e-6)
         assert result["gathers_once"] == result["sharded_modules"]  # one all-gather per layer per rollout
         steps = result["unsharded"].width
-        assert result["gathers_per_forward"] >= result["sharded_modules"] * steps  # without it: every layer, every token
+        # without it: every layer at every token
+        assert result["gathers_per_forward"] >= result["sharded_modules"] * steps

@@ -160,8 +160,8 @@ def tiny_granite_speech(seed: int, vocab_size: int | None = None) -> LoadedBackb
     features = TorchGraniteSpeechFeatureExtractor(n_mels=n_mels, projector_window_size=15, projector_downsample_rate=5)
     processor = GraniteSpeechProcessor(audio_processor=features, tokenizer=tokenizer)
     config = GraniteSpeechConfig(
-        text_config=dict(model_type="granite", vocab_size=vocab_size or len(tokenizer), hidden_size=48, intermediate_size=96,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        text_config=dict(model_type="granite", vocab_size=vocab_size or len(tokenizer),
+                         hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=2048, tie_word_embeddings=True, initializer_range=0.2),
         encoder_config=dict(input_dim=2 * n_mels, num_layers=1, hidden_dim=32, feedforward_mult=2, num_heads=2,
                             dim_head=16, output_dim=8, context_size=50, max_pos_emb=64, dropout=0.0,

@@ -94,7 +94,8 @@ def tiny_qwen2_audio(seed: int, clip_seconds: int = 8, vocab_size: int | None = 
             max_source_positions=clip_seconds * 50,  # the mel input must be exactly 2 × this many frames
         ),
         text_config=dict(
-            model_type="qwen2", vocab_size=vocab_size or len(tokenizer), hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+            model_type="qwen2", vocab_size=vocab_size or len(tokenizer), hidden_size=48, intermediate_size=96,
+            num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True,
             initializer_range=0.2,  # peaked like a trained LM (0.02 gives near-uniform logits LoRA can hardly move)
         ),

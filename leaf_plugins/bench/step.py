@@ -21,7 +21,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-__all__ = ["StepShape", "PHASES", "BACKBONE_VOCABULARIES", "SIDE_BY_SIDE", "old_path_bytes", "measure", "run_in_process", "step_table", "plot_growth"]
+__all__ = ["StepShape", "PHASES", "BACKBONE_VOCABULARIES", "SIDE_BY_SIDE", "old_path_bytes", "measure",
+           "run_in_process", "step_table", "plot_growth"]
 
 PHASES = ("encode", "generate", "score", "estimate", "reference", "policy", "backward", "optimizer")
 """``encode``: the prompts' embeddings, audio encoded once per prompt (today's path only:
@@ -143,8 +144,8 @@ def measure(shape: StepShape) -> dict[str, Any]:
         with sampler.phase("generate"):
             rollout = sample(model, loaded, inputs, shape.group_size, shape.new_tokens, 1.0, 0.9)
         with sampler.phase("score"):
-            batch = rollout.batch.with_rewards(torch.tensor(reward(rollout.texts, [REFERENCE_TEXT] * len(rollout.texts)),
-                                                            dtype=torch.float32))
+            scores = reward(rollout.texts, [REFERENCE_TEXT] * len(rollout.texts))
+            batch = rollout.batch.with_rewards(torch.tensor(scores, dtype=torch.float32))
         with sampler.phase("estimate"):
             advantages = engine.estimate(batch).advantages
         model.train()
@@ -194,7 +195,8 @@ def _gb(value: float) -> str:
 def step_table(rows: list[dict[str, Any]]) -> str:
     """Markdown: seconds per phase, the step's total, and its peak memory above the
     loaded model (GB), one row per measured step; then old/new ratios at equal shapes."""
-    header = ("| backbone (V) | audio s | T | path | " + " | ".join(PHASES) + " | step s | peak above model GB | peak RSS GB |\n"
+    header = ("| backbone (V) | audio s | T | path | " + " | ".join(PHASES)
+              + " | step s | peak above model GB | peak RSS GB |\n"
               "|---|---|---|---|" + "---|" * len(PHASES) + "---|---|---|")
     lines = [header]
     for row in rows:
@@ -206,7 +208,8 @@ def step_table(rows: list[dict[str, Any]]) -> str:
     for new in (r for r in rows if r["path"] == "new"):
         for old in (r for r in rows if r["path"] == "old"):
             if all(old[key] == new[key] for key in ("backbone", "audio_seconds", "new_tokens")):
-                ratios.append(f"- {new['backbone']}, {new['audio_seconds']} s, T = {new['new_tokens']}: old/new step time "
+                ratios.append(f"- {new['backbone']}, {new['audio_seconds']} s, T = {new['new_tokens']}: "
+                              "old/new step time "
                               f"{sum(old['seconds'].values()) / sum(new['seconds'].values()):.1f}×, peak memory above "
                               f"the model {(old['peak'] - old['before']) / max(new['peak'] - new['before'], 1):.1f}×")
     return "\n".join(lines + ([""] + ratios if ratios else []))
@@ -225,7 +228,8 @@ def plot_growth(rows: list[dict[str, Any]], path: Path) -> None:
             points = sorted((r["new_tokens"], (r["peak"] - r["before"]) / 1e9) for r in rows
                             if r["backbone"] == backbone and r["path"] == path_name)
             if points:
-                axis.plot(*zip(*points), style, label=f"{backbone} (V={BACKBONE_VOCABULARIES[backbone]:,}), {path_name}")
+                label = f"{backbone} (V={BACKBONE_VOCABULARIES[backbone]:,}), {path_name}"
+                axis.plot(*zip(*points), style, label=label)
     axis.set_xlabel("response tokens T (6 prompts × K = 8; clip length in the table)")
     axis.set_ylabel("peak step memory above the model (GB)")
     axis.legend(fontsize=7)

@@ -36,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     step.add_argument("--out", type=Path, default=Path("results/step"), help="directory for JSON, tables and plot")
     step.add_argument("--quick", action="store_true", help="a small run (seconds), e.g. for tests")
     step.add_argument("--old-memory-gb", type=float, default=8.0, metavar="GB",
-                      help="skip the old path where its [N, P|T, V] and [K, P+T, V] tensors would exceed this (default 8)")
+                      help="skip the old path where its [N, P|T, V] and [K, P+T, V] tensors would exceed this "
+                           "(default 8)")
     step.set_defaults(bench=run_step)
 
 

@@ -29,7 +29,8 @@ from leaf_plugins.training.prompt_embedding import embed_prompts, head_on_positi
 from leaf_plugins.training.selected_logprobs import selected_logprobs
 from leaf_plugins.training.token_stats import TokenStatistics
 
-__all__ = ["Rollout", "sample_responses", "assemble_rollout", "response_logprobs", "audio_token_ids", "SURPRISAL_SOURCES"]
+__all__ = ["Rollout", "sample_responses", "assemble_rollout", "response_logprobs", "audio_token_ids",
+           "SURPRISAL_SOURCES"]
 
 SURPRISAL_SOURCES = ("sampling", "policy")
 

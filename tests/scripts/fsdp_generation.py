@@ -72,7 +72,8 @@ def main(output: Path) -> None:
     fully_shard(model)
     with gathered_for_generation(model):
         root_sharded = rollout()
-    torch.save({"root_sharded": root_sharded.batch, "forced": forced(), "unsharded_forced": unsharded_forced,"unsharded": unsharded.batch, "once": once.batch, "per_forward": per_forward.batch,
+    torch.save({"root_sharded": root_sharded.batch, "forced": forced(), "unsharded_forced": unsharded_forced,
+                "unsharded": unsharded.batch, "once": once.batch, "per_forward": per_forward.batch,
                 "gathers_once": gathered, "gathers_per_forward": len(gathers),
                 "sharded_modules": len(language_model_of(model).layers)},
                output / f"rank{dist.get_rank()}.pt")
