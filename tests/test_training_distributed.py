@@ -9,6 +9,9 @@ from pathlib import Path
 
 import torch
 
+from leaf_plugins.training.trainer import Trainer
+from training_cases import config, examples, host, step_gradient
+
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "two_process_step.py"
 
 
@@ -31,3 +34,31 @@ def test_two_processes_share_the_prompts_and_end_with_identical_adapters(tmp_pat
     # the step really changed the adapter (LoRA B starts at zero)
     assert any(bool(value.abs().sum() > 0) for name, value in first.items() if "lora_B" in name)
     assert (tmp_path / "run" / "checkpoint-00000001").is_dir()
+    # the step's gradient is the one process's gradient of the whole step (paper Eq. 1's
+    # token mean over all 4 prompts), although the ranks' shares differ in length
+    single = Trainer(config(tmp_path / "single", "leaf", steps=1, checkpoint_every=1), examples(), host=host())
+    expected = step_gradient(single, examples()[:4])
+    for rank in ranks:
+        assert rank["gradient"].keys() == expected.keys()
+        for name in expected:
+            torch.testing.assert_close(rank["gradient"][name], expected[name], rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_fsdp2_generation_gathers_the_sharded_layers_once_per_rollout(tmp_path):
+    """accelerate 1.15 runs FSDP only on accelerators (on CPU it falls back to one plain
+    process), so FSDP2 is applied by hand here, on gloo."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                           str(SCRIPT.parent / "fsdp_generation.py"), str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in (0, 1):
+        result = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+        torch.testing.assert_close(result["forced"], result["unsharded_forced"], rtol=0, atol=1e-6)
+        for sharded in (result["once"], result["per_forward"], result["root_sharded"]):
+            assert torch.equal(sharded.tokens, result["unsharded"].tokens)
+            torch.testing.assert_close(sharded.logprobs, result["unsharded"].logprobs, rtol=0, atol=1e-6)
+        assert result["gathers_once"] == result["sharded_modules"]  # one all-gather per layer per rollout
+        steps = result["unsharded"].width
+        # without it: every layer at every token
+        assert result["gathers_per_forward"] >= result["sharded_modules"] * steps

@@ -45,3 +45,54 @@ def config(output_dir, estimator: str = "grpo", steps: int = 4, checkpoint_every
         optim=OptimConfig(learning_rate=3e-2, micro_batch_prompts=2),
         lora=LoraSettings(rank=8, alpha=16, dropout=0.0),
     )
+
+
+def fixed_step(trainer, prompts: list[Example], rank: int = 0, world: int = 1, seed: int = 0):
+    """A step on ``prompts`` that every process can rebuild identically: sampled with a
+    fixed seed from the initial weights, then responses cut to random lengths (so groups
+    differ in length) with random token advantages; returns this process's share
+    (prompts ``rank::world``) as ``(context, rollout, batch, advantages)``."""
+    from dataclasses import replace
+
+    import torch
+
+    from leaf_plugins.training.rollout import Rollout, sample_responses
+    from leaf_plugins.training.trainer import StepContext
+    from leaf_plugins.training.update import with_prompt_embeddings
+
+    backbone, loaded, policy = trainer.backbone, trainer.loaded, trainer.policy
+    inputs = with_prompt_embeddings(policy, backbone.build_inputs(loaded, [e.prompt for e in prompts],
+                                                                  [e.audio for e in prompts]))
+    torch.manual_seed(seed)
+    settings = trainer.config.rollout
+    rollout = sample_responses(policy, loaded, inputs, settings.group_size, settings.max_new_tokens)
+    generator = torch.Generator().manual_seed(seed)
+    batch = rollout.batch
+    lengths = torch.minimum(batch.lengths, torch.randint(1, batch.width + 1, (batch.size,), generator=generator))
+    real = torch.arange(batch.width).unsqueeze(0) < lengths.unsqueeze(1)
+    batch = replace(batch, tokens=torch.where(real, batch.tokens, -1), lengths=lengths,
+                    logprobs=torch.where(real, batch.logprobs, 0.0) - 0.1 * real)  # ratios != 1: clipping matters
+    advantages = torch.randn(batch.tokens.shape, generator=generator) * real
+    mine = list(range(rank, len(prompts), world))
+    rows = torch.nonzero(torch.isin(rollout.prompt_index, torch.tensor(mine))).squeeze(1)
+    renumber = {prompt: position for position, prompt in enumerate(mine)}
+    share = Rollout(batch=batch.select(rows), texts=[rollout.texts[i] for i in rows.tolist()],
+                    prompt_index=torch.tensor([renumber[int(p)] for p in rollout.prompt_index[rows]]))
+    local = {key: value[mine] for key, value in inputs.items()}
+    context = StepContext(0, policy, loaded, [prompts[i] for i in mine], local, trainer.config)
+    return context, share, share.batch, advantages[rows]
+
+
+def step_gradient(trainer, prompts: list[Example], rank: int = 0, world: int = 1) -> dict:
+    """The LoRA gradient ``accumulate_gradients`` leaves for this process's share of
+    ``fixed_step`` (after DDP's all-reduce when several processes run it)."""
+    from leaf_plugins.training.update import accumulate_gradients
+
+    context, rollout, batch, advantages = fixed_step(trainer, prompts, rank, world)
+    trainer.model.train()
+    trainer.optimizer.zero_grad()
+    accumulate_gradients(trainer, context, rollout, batch, advantages)
+    grads = {name: p.grad.clone() for name, p in trainer.policy.named_parameters() if p.requires_grad}
+    trainer.optimizer.zero_grad()
+    trainer.model.eval()
+    return grads

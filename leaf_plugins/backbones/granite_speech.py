@@ -148,9 +148,11 @@ class GraniteSpeechBackbone:
         return loaded.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
-def tiny_granite_speech(seed: int) -> LoadedBackbone:
+def tiny_granite_speech(seed: int, vocab_size: int | None = None) -> LoadedBackbone:
     """A random-weight GraniteSpeechForConditionalGeneration (2-layer dense ``granite``
-    text model, 1-layer conformer, 1-layer Q-Former) with an offline tokenizer."""
+    text model, 1-layer conformer, 1-layer Q-Former) with an offline tokenizer.
+    ``vocab_size`` (default: the tokenizer's) pads the embeddings and the output head to a
+    real model's vocabulary (49,160 for Granite Speech 3.3), for measuring memory."""
     tokenizer = train_tokenizer(["<|end_of_text|>", "<|im_start|>", "<|im_end|>", "<|audio|>"],
                                 eos_token="<|im_end|>", pad_token="<|end_of_text|>")
     tokenizer.audio_token = "<|audio|>"
@@ -158,8 +160,8 @@ def tiny_granite_speech(seed: int) -> LoadedBackbone:
     features = TorchGraniteSpeechFeatureExtractor(n_mels=n_mels, projector_window_size=15, projector_downsample_rate=5)
     processor = GraniteSpeechProcessor(audio_processor=features, tokenizer=tokenizer)
     config = GraniteSpeechConfig(
-        text_config=dict(model_type="granite", vocab_size=len(tokenizer), hidden_size=48, intermediate_size=96,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        text_config=dict(model_type="granite", vocab_size=vocab_size or len(tokenizer),
+                         hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=2048, tie_word_embeddings=True, initializer_range=0.2),
         encoder_config=dict(input_dim=2 * n_mels, num_layers=1, hidden_dim=32, feedforward_mult=2, num_heads=2,
                             dim_head=16, output_dim=8, context_size=50, max_pos_emb=64, dropout=0.0,

@@ -70,9 +70,11 @@ class Qwen2AudioBackbone:
         return loaded.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
-def tiny_qwen2_audio(seed: int, clip_seconds: int = 8) -> LoadedBackbone:
+def tiny_qwen2_audio(seed: int, clip_seconds: int = 8, vocab_size: int | None = None) -> LoadedBackbone:
     """A random-weight Qwen2AudioForConditionalGeneration with 2 small layers and an
-    offline tokenizer; clips up to ``clip_seconds`` (the Whisper front end pads to it)."""
+    offline tokenizer; clips up to ``clip_seconds`` (the Whisper front end pads to it).
+    ``vocab_size`` (default: the tokenizer's) pads the embeddings and the output head to a
+    real model's vocabulary (156,032 for Qwen2-Audio-7B), for measuring memory."""
     tokenizer = train_tokenizer(
         ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>"],
         eos_token="<|im_end|>",
@@ -92,7 +94,8 @@ def tiny_qwen2_audio(seed: int, clip_seconds: int = 8) -> LoadedBackbone:
             max_source_positions=clip_seconds * 50,  # the mel input must be exactly 2 × this many frames
         ),
         text_config=dict(
-            model_type="qwen2", vocab_size=len(tokenizer), hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+            model_type="qwen2", vocab_size=vocab_size or len(tokenizer), hidden_size=48, intermediate_size=96,
+            num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True,
             initializer_range=0.2,  # peaked like a trained LM (0.02 gives near-uniform logits LoRA can hardly move)
         ),

@@ -1,4 +1,5 @@
-"""``leaf bench``: benchmarks (``speed``: estimator speed table)."""
+"""``leaf bench``: benchmarks (``speed``: estimator speed table; ``credit``: credit
+quality; ``step``: a training step's time and memory, today's path and the old one)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from leaf_plugins.core.errors import ConfigError
 
 NAME = "bench"
 HELP = ("Run benchmarks: 'speed' times every estimator against GRPO and the reference; "
-        "'credit' measures credit quality against exact ground truth.")
+        "'credit' measures credit quality against exact ground truth; "
+        "'step' measures a training step's phases and peak memory, old path and new.")
 
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,6 +32,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     credit.add_argument("--seeds", type=int, help="environments (seeds) per regime")
     credit.add_argument("--regimes", nargs="+", metavar="NAME", help="run only these regimes")
     credit.set_defaults(bench=run_credit)
+    step = sub.add_parser("step", help="one training step's time per phase and peak memory, old path and new")
+    step.add_argument("--out", type=Path, default=Path("results/step"), help="directory for JSON, tables and plot")
+    step.add_argument("--quick", action="store_true", help="a small run (seconds), e.g. for tests")
+    step.add_argument("--old-memory-gb", type=float, default=8.0, metavar="GB",
+                      help="skip the old path where its [N, P|T, V] and [K, P+T, V] tensors would exceed this "
+                           "(default 8)")
+    step.set_defaults(bench=run_step)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -94,4 +103,35 @@ def run_credit(args: argparse.Namespace) -> int:
     print("\n" + table)
     print(f"\nwritten: {args.out}/credit.md, credit.csv, gradient_cosine.png, "
           + ", ".join(f"learning_curves_{protocol}.png" for protocol in PROTOCOLS))
+    return 0
+
+
+def run_step(args: argparse.Namespace) -> int:
+    import json
+
+    from tqdm import tqdm
+
+    from leaf_plugins.bench.step import (BACKBONE_VOCABULARIES, SIDE_BY_SIDE, StepShape, old_path_bytes, plot_growth,
+                                         run_in_process, step_table)
+    from leaf_plugins.bench.step_accounting import accounting_table
+
+    if args.quick:
+        shapes = [StepShape(path, "granite-speech", 4096, prompts=2, group_size=2, new_tokens=4, audio_seconds=2)
+                  for path in ("old", "new")]
+    else:
+        shapes = []
+        for backbone, seconds, tokens in SIDE_BY_SIDE:
+            for path in ("old", "new"):
+                shape = StepShape(path, backbone, BACKBONE_VOCABULARIES[backbone], new_tokens=tokens,
+                                  audio_seconds=seconds)
+                if path == "new" or old_path_bytes(shape) <= args.old_memory_gb * 1e9:
+                    shapes.append(shape)
+        shapes += [StepShape("new", backbone, vocab) for backbone, vocab in BACKBONE_VOCABULARIES.items()]
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = [run_in_process(shape) for shape in tqdm(shapes, desc="steps", unit="step")]
+    table, accounting = step_table(rows), accounting_table()
+    (args.out / "step.json").write_text(json.dumps(rows, indent=1))
+    (args.out / "step.md").write_text(table + "\n\n" + accounting + "\n")
+    plot_growth(rows, args.out / "step_memory.png")
+    print("\n" + table + "\n\n" + accounting + f"\n\nwritten: {args.out}/step.md, step.json, step_memory.png")
     return 0

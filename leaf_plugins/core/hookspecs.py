@@ -158,9 +158,12 @@ class LeafSpecs:
         reference_logprobs: torch.Tensor,
         advantages: torch.Tensor,
         mask: torch.Tensor,
+        weights: torch.Tensor,
     ) -> PolicyLoss | None:
         """The loss of one micro-batch (all ``[M, T]``: log π_θ (differentiable), log π_old,
-        log π_ref, advantages, and the bool mask of response tokens).
+        log π_ref, advantages, the bool mask of response tokens, and each token's weight
+        in the step's loss, normalised over the whole step as ``optim.loss_aggregation``
+        says: a micro-batch's loss is its share, and the step's gradient is their sum).
 
         :return: a ``PolicyLoss`` whose ``loss`` is back-propagated.
 

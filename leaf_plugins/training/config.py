@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterable
 from leaf_plugins.core.config import load_config
 from leaf_plugins.core.errors import LeafError
 from leaf_plugins.core.plugins import PluginHost, get_host
+from leaf_plugins.training.aggregation import LOSS_AGGREGATIONS
 from leaf_plugins.training.rollout import SURPRISAL_SOURCES
 
 __all__ = [
@@ -56,6 +57,8 @@ class OptimConfig:
     micro_batch_prompts: int = 1  # prompts (each with its K responses) per forward/backward
     clip_epsilon: float = 0.2
     kl_coefficient: float = 0.02
+    loss_aggregation: str = "token_mean"  # token_mean (paper Eq. 1), sequence_mean (GRPO), constant (Dr. GRPO)
+    activation_checkpointing: bool = False  # recompute the language model's activations in the backward pass
 
 
 @dataclass
@@ -106,6 +109,8 @@ def train_validators(host: PluginHost, prefix: str = "") -> dict[str, Callable[[
         "reward": registered(host.rewards),
         "rollout.surprisal_from": lambda value: None if value in SURPRISAL_SOURCES
         else f"must be one of {', '.join(SURPRISAL_SOURCES)}",
+        "optim.loss_aggregation": lambda value: None if value in LOSS_AGGREGATIONS
+        else f"must be one of {', '.join(LOSS_AGGREGATIONS)}",
     }
     return {prefix + key: check for key, check in checks.items()}
 

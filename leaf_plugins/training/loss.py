@@ -27,6 +27,7 @@ def policy_loss(
     mask: torch.Tensor,
     clip_epsilon: float = 0.2,
     kl_coefficient: float = 0.02,
+    weights: torch.Tensor | None = None,
 ) -> PolicyLoss:
     """``-E[min(ρA, clip(ρ, 1-ε, 1+ε)A)] + β E[exp(d) - d - 1]`` over response tokens.
 
@@ -35,18 +36,22 @@ def policy_loss(
     :param reference_logprobs: ``[N, T]`` log π_ref, no gradient; ``d = log π_ref - log π_θ``
         and ``exp(d) - d - 1`` is the k3 estimator of KL(π_θ || π_ref).
     :param advantages: ``[N, T]`` token advantages.
-    :param mask: ``[N, T]`` bool, True on response tokens. The expectation is the mean over
-        all response tokens of the batch (every token weighs the same).
+    :param mask: ``[N, T]`` bool, True on response tokens. Without ``weights`` the
+        expectation is the mean over all response tokens of these rows (every token
+        weighs the same).
+    :param weights: ``[N, T]`` weight of each token in the expectation (0 on padding), when
+        these rows are a part of a larger step: ``aggregation.token_weights`` gives the
+        step-wide normalisers, so the parts' losses add up to the step's loss.
     """
     mask = mask.to(logprobs.dtype)
-    tokens = mask.sum().clamp(min=1)
+    weights = mask / mask.sum().clamp(min=1) if weights is None else weights.to(logprobs.dtype) * mask
     ratio = torch.exp(logprobs - old_logprobs.detach())  # [N, T]
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1 - clip_epsilon, 1 + clip_epsilon) * advantages
     surrogate = torch.minimum(unclipped, clipped)  # [N, T]
     log_ratio_to_reference = reference_logprobs.detach() - logprobs  # d
     k3 = torch.exp(log_ratio_to_reference) - log_ratio_to_reference - 1  # [N, T], >= 0
-    policy_term = -(surrogate * mask).sum() / tokens
-    kl = (k3 * mask).sum() / tokens
-    clip_fraction = ((clipped < unclipped).to(mask.dtype) * mask).sum() / tokens
+    policy_term = -(surrogate * weights).sum()
+    kl = (k3 * weights).sum()
+    clip_fraction = ((clipped < unclipped).to(mask.dtype) * weights).sum()
     return PolicyLoss(policy_term + kl_coefficient * kl, policy_term.detach(), kl.detach(), clip_fraction.detach())

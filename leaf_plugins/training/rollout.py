@@ -21,11 +21,16 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
+from transformers import LogitsProcessorList
 
 from leaf_plugins.backbones.base import LoadedBackbone
 from leaf_plugins.core.batch import RolloutBatch
+from leaf_plugins.training.prompt_embedding import embed_prompts, head_on_positions, prompt_embeddings_in_front
+from leaf_plugins.training.selected_logprobs import selected_logprobs
+from leaf_plugins.training.token_stats import TokenStatistics
 
-__all__ = ["Rollout", "sample_responses", "response_logprobs", "audio_token_ids", "SURPRISAL_SOURCES"]
+__all__ = ["Rollout", "sample_responses", "assemble_rollout", "response_logprobs", "audio_token_ids",
+           "SURPRISAL_SOURCES"]
 
 SURPRISAL_SOURCES = ("sampling", "policy")
 
@@ -53,43 +58,47 @@ def sample_responses(
 ) -> Rollout:
     """Sample ``group_size`` responses for every prompt of ``inputs`` (left padded).
 
-    Generation stops at EOS, which belongs to the response; what follows is padding.
+    The prompts are embedded once (``inputs["inputs_embeds"]`` when the caller already
+    has them, see ``embed_prompts``) and the embeddings expanded to the K rows, so the
+    audio encoder runs once per prompt. The per-token statistics are taken at each step
+    (``TokenStatistics``): memory ``O(N·T)``, not ``O(N·T·V)``. Generation stops at EOS,
+    which belongs to the response; what follows is padding.
     """
     if surprisal_from not in SURPRISAL_SOURCES:
         raise ValueError(f"surprisal_from must be one of {SURPRISAL_SOURCES}, got {surprisal_from!r}")
     tokenizer = loaded.tokenizer
-    output = model.generate(
-        **inputs,
-        suppress_tokens=audio_token_ids(loaded) or None,
-        do_sample=True,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=0,
-        max_new_tokens=max_new_tokens,
-        num_return_sequences=group_size,
-        output_scores=True,
-        output_logits=True,
-        return_dict_in_generate=True,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    prompt_width = inputs["input_ids"].shape[1]
-    generated = output.sequences[:, prompt_width:]  # [N, T]
+    embeddings = inputs["inputs_embeds"] if "inputs_embeds" in inputs else embed_prompts(model, inputs)  # [P, L, H]
+    device = embeddings.device
+    statistics = TokenStatistics(temperature, top_p, audio_token_ids(loaded), device)
+    with head_on_positions(model, slice(-1, None)):  # the prefill projects the last position only, not [N, L, V]
+        generated = model.generate(
+            inputs_embeds=embeddings.repeat_interleave(group_size, dim=0),  # [N, L, H]
+            attention_mask=inputs["attention_mask"].repeat_interleave(group_size, dim=0),
+            logits_processor=LogitsProcessorList([statistics]),
+            do_sample=True,
+            temperature=1.0,  # TokenStatistics applies the temperature, top-p and the audio-token ban
+            top_p=1.0,
+            top_k=0,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )  # [N, T]: with inputs_embeds only, generate returns the new tokens alone
+    recorded = statistics.finish(generated[:, -1])  # [N, T] each
+    surprisal = -recorded["sampling_logprobs"] if surprisal_from == "sampling" else -recorded["logprobs"]
+    return assemble_rollout(tokenizer, generated, recorded["logprobs"], surprisal, recorded["sum_pi_squared"],
+                            statistics.vocab_size, group_size, group_ids)
+
+
+def assemble_rollout(tokenizer: Any, generated: torch.Tensor, logprobs: torch.Tensor, surprisal: torch.Tensor,
+                     sum_pi_squared: torch.Tensor, vocab_size: int, group_size: int,
+                     group_ids: Sequence[int] | None) -> Rollout:
+    """The ``Rollout`` of ``[N, T]`` generated ids (K consecutive rows per prompt) and
+    their per-token values: cut after the first EOS, padded with ``-1`` / 0, decoded."""
+    device = generated.device
     lengths = _response_lengths(generated, tokenizer.eos_token_id)  # [N]
-    width = generated.shape[1]
-    real = torch.arange(width, device=generated.device).unsqueeze(0) < lengths.unsqueeze(1)  # [N, T]
-    policy_logits = torch.stack(output.logits, dim=1).float() / temperature  # [N, T, V]
-    policy_log_probabilities = torch.log_softmax(policy_logits, dim=-1)  # [N, T, V]
-    logprobs = _taken(policy_log_probabilities, generated)  # [N, T]
-    sum_pi_squared = policy_log_probabilities.mul(2).exp_().sum(dim=-1)  # [N, T]: Σ_v π(v)²
-    if surprisal_from == "sampling":
-        sampling_scores = torch.stack(output.scores, dim=1).float()  # after temperature and top-p
-        surprisal = -_taken(torch.log_softmax(sampling_scores, dim=-1), generated)
-    else:
-        surprisal = -logprobs
-    prompts = inputs["input_ids"].shape[0]
-    prompt_index = torch.arange(prompts, device=generated.device).repeat_interleave(group_size)  # [N]
-    ids = torch.as_tensor(list(group_ids), device=generated.device)[prompt_index] if group_ids is not None else prompt_index
+    real = torch.arange(generated.shape[1], device=device).unsqueeze(0) < lengths.unsqueeze(1)  # [N, T]
+    prompt_index = torch.arange(generated.shape[0] // group_size, device=device).repeat_interleave(group_size)  # [N]
+    ids = torch.as_tensor(list(group_ids), device=device)[prompt_index] if group_ids is not None else prompt_index
     batch = RolloutBatch(
         tokens=torch.where(real, generated, -1).cpu(),
         lengths=lengths.cpu(),
@@ -98,7 +107,7 @@ def sample_responses(
         surprisal=torch.where(real, surprisal, 0.0).cpu(),
         logprobs=torch.where(real, logprobs, 0.0).cpu(),
         sum_pi_squared=torch.where(real, sum_pi_squared, 0.0).cpu(),
-        vocab_size=policy_logits.shape[-1],  # the model may sample ids beyond len(tokenizer) (padded embeddings)
+        vocab_size=vocab_size,  # the model may sample ids beyond len(tokenizer) (padded embeddings)
     )
     texts = tokenizer.batch_decode(torch.where(real, generated, tokenizer.pad_token_id), skip_special_tokens=True)
     return Rollout(batch=batch, prompt_index=prompt_index.cpu(), texts=texts)
@@ -115,26 +124,29 @@ def response_logprobs(
     """``[N, T]`` float32 log-probabilities of the response tokens under the policy
     distribution (logits / temperature), teacher forced, 0 on padding; differentiable.
 
+    The prompts' embeddings (``inputs["inputs_embeds"]``, or computed here once per
+    prompt) are shared by their responses; the output head runs on the ``T`` predicting
+    positions only and the log-softmax is taken in chunks (``selected_logprobs``).
+
     :param inputs: the prompts' model inputs (left padded), one row per prompt.
     :param responses: ``[N, T]`` response token ids, ``-1`` on padding.
     :param prompt_index: ``[N]`` the prompt row of each response.
     """
-    device = inputs["input_ids"].device
+    embeddings = inputs["inputs_embeds"] if "inputs_embeds" in inputs else embed_prompts(model, inputs)  # [P, L, H]
+    device = embeddings.device
     responses, lengths, prompt_index = responses.to(device), lengths.to(device), prompt_index.to(device)
     width = responses.shape[1]
     real = torch.arange(width, device=device).unsqueeze(0) < lengths.unsqueeze(1)  # [N, T]
-    prompt_ids = inputs["input_ids"][prompt_index]  # [N, P]
-    prompt_mask = inputs["attention_mask"][prompt_index]  # [N, P]
-    ids = torch.cat([prompt_ids, torch.where(real, responses, 0)], dim=1)  # [N, P+T]
-    mask = torch.cat([prompt_mask, real.to(prompt_mask.dtype)], dim=1)
+    tokens = torch.where(real, responses, 0)  # [N, T]
+    prompt_ids, prompt_mask = inputs["input_ids"][prompt_index], inputs["attention_mask"][prompt_index]  # [N, P]
+    prompt_width = prompt_ids.shape[1]
+    ids = torch.cat([prompt_ids, tokens], dim=1)  # [N, P+T]; the prompt part is replaced by its embeddings
+    mask = torch.cat([prompt_mask, real.to(prompt_mask.dtype)], dim=1)  # [N, P+T]
     positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # as generate computes them for left padding
-    extra: dict[str, Any] = {
-        key: value[prompt_index] for key, value in inputs.items() if key not in ("input_ids", "attention_mask")
-    }
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, **extra).logits  # [N, P+T, V]
-    predicting = logits[:, prompt_ids.shape[1] - 1 : -1].float() / temperature  # [N, T, V]
-    taken = _taken(torch.log_softmax(predicting, dim=-1), torch.where(real, responses, 0))
-    return torch.where(real, taken, 0.0)
+    with prompt_embeddings_in_front(model, embeddings[prompt_index]), \
+            head_on_positions(model, slice(prompt_width - 1, prompt_width + width - 1)):
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits  # [N, T, V]
+    return torch.where(real, selected_logprobs(logits, tokens, temperature), 0.0)
 
 
 def audio_token_ids(loaded: LoadedBackbone) -> list[int]:
@@ -155,11 +167,6 @@ def audio_token_ids(loaded: LoadedBackbone) -> list[int]:
         if isinstance(number, int):
             found.add(number)
     return sorted(found)
-
-
-def _taken(log_probabilities: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """``[N, T]`` log-probability of each token from ``[N, T, V]``."""
-    return log_probabilities.gather(2, tokens.unsqueeze(2)).squeeze(2)
 
 
 def _response_lengths(generated: torch.Tensor, eos_token_id: int) -> torch.Tensor:

@@ -9,7 +9,6 @@ and save one on Ctrl-C.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import time
@@ -30,9 +29,12 @@ from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.tasks.base import Example
 from leaf_plugins.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from leaf_plugins.training.config import TrainConfig
-from leaf_plugins.training.lora import attach_lora, reference_policy
+from leaf_plugins.training.generation_weights import gathered_for_generation
+from leaf_plugins.training.checkpointing import enable_activation_checkpointing
+from leaf_plugins.training.lora import attach_lora
 from leaf_plugins.training.loss import PolicyLoss, policy_loss
-from leaf_plugins.training.rollout import Rollout, audio_token_ids, response_logprobs, sample_responses
+from leaf_plugins.training.rollout import Rollout, audio_token_ids, sample_responses
+from leaf_plugins.training.update import accumulate_gradients, with_prompt_embeddings
 
 __all__ = ["StepContext", "DefaultStages", "Trainer", "ROLLOUT_LOG"]
 
@@ -75,10 +77,11 @@ class DefaultStages:
 
     @hookimpl
     def compute_loss(self, context: StepContext, logprobs: torch.Tensor, old_logprobs: torch.Tensor,
-                     reference_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor) -> PolicyLoss:
+                     reference_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                     weights: torch.Tensor) -> PolicyLoss:
         optim = context.config.optim
         return policy_loss(logprobs, old_logprobs, reference_logprobs, advantages, mask, optim.clip_epsilon,
-                           optim.kl_coefficient)
+                           optim.kl_coefficient, weights)
 
     @hookimpl
     def score_rollouts(self, context: StepContext, rollout: Rollout) -> torch.Tensor:
@@ -113,6 +116,8 @@ class Trainer:
         torch.manual_seed(config.seed)
         self.loaded = self.backbone.load(path=config.backbone.path, dtype=config.backbone.dtype, seed=config.backbone.seed)
         model = attach_lora(self.loaded, config.lora.rank, config.lora.alpha, config.lora.dropout)
+        if config.optim.activation_checkpointing:
+            enable_activation_checkpointing(model)
         optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=config.optim.learning_rate)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.completed = 0  # optimizer steps done
@@ -173,12 +178,14 @@ class Trainer:
         inputs = self.backbone.build_inputs(self.loaded, [e.prompt for e in examples], [e.audio for e in examples])
         inputs = {key: value.to(self.accelerator.device) for key, value in inputs.items()}
         self._check_prompt_lengths(examples, inputs)
+        inputs = with_prompt_embeddings(self.policy, inputs)  # audio encoded once per prompt for the whole step
         context = StepContext(step, self.policy, self.loaded, examples, inputs, config)
         hook = self.engine.manager.hook
         started = time.perf_counter()
         torch.manual_seed(config.seed * 1_000_003 + step * 1_009 + self.accelerator.process_index)
         self.model.eval()
-        rollout = hook.rollout(context=context)
+        with gathered_for_generation(self.model):  # FSDP2: weights gathered once, not per token and layer
+            rollout = hook.rollout(context=context)
         rewards = hook.score_rollouts(context=context, rollout=rollout)
         batch = rollout.batch.with_rewards(rewards)
         sampled = time.perf_counter()
@@ -204,34 +211,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ pieces
     def _update(self, context: StepContext, rollout: Rollout, batch: Any, advantages: torch.Tensor) -> dict:
-        """The loss over micro-batches of prompts (gradients accumulated), one step."""
-        config, inputs = self.config, context.inputs
+        """One optimizer step on the gradient of the step's loss (``training/update.py``)."""
         self.model.train()
         self.optimizer.zero_grad()
-        prompts = inputs["input_ids"].shape[0]
-        size = config.optim.micro_batch_prompts
-        chunks = [list(range(i, min(i + size, prompts))) for i in range(0, prompts, size)]
-        totals = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
-        for index, chunk in enumerate(chunks):
-            rows = torch.nonzero(torch.isin(rollout.prompt_index, torch.tensor(chunk))).squeeze(1)
-            local = {key: value[chunk] for key, value in inputs.items()}
-            prompt_index = rollout.prompt_index[rows] - chunk[0]
-            tokens, lengths = batch.tokens[rows], batch.lengths[rows]
-            device = self.accelerator.device
-            mask = (torch.arange(batch.width).unsqueeze(0) < lengths.unsqueeze(1)).to(device)
-            with torch.no_grad(), reference_policy(self.policy):
-                reference = response_logprobs(self.policy, local, tokens, lengths, prompt_index, config.rollout.temperature)
-            sync = self.accelerator.no_sync(self.model) if index < len(chunks) - 1 else contextlib.nullcontext()
-            with sync:
-                current = response_logprobs(self.model, local, tokens, lengths, prompt_index, config.rollout.temperature)
-                loss = self.engine.manager.hook.compute_loss(
-                    context=context, logprobs=current, old_logprobs=batch.logprobs[rows].to(device),
-                    reference_logprobs=reference, advantages=advantages[rows].to(device), mask=mask,
-                )
-                self.accelerator.backward(loss.loss / len(chunks))
-            totals["loss"] += float(loss.loss.detach()) / len(chunks)
-            totals["kl"] += float(loss.kl) / len(chunks)
-            totals["clip_fraction"] += float(loss.clip_fraction) / len(chunks)
+        totals = accumulate_gradients(self, context, rollout, batch, advantages)
         self.optimizer.step()
         self.completed += 1
         self.model.eval()

@@ -1,0 +1,238 @@
+"""``leaf bench step``: one training step's time per phase and peak memory, today's path
+and the pre-issue-16 path (``bench/step_reference.py``) side by side.
+
+The backbones are the built-in tiny ones with the real models' vocabularies (156,032 for
+Qwen2-Audio, 49,160 for Granite Speech 3.3), hidden size 48, 30 s clips, 6 prompts × K = 8.
+Each (path, backbone, response length) runs in a fresh process; a sampler thread reads
+the process's resident memory every millisecond, so each phase's peak is the largest
+resident set seen while it ran (CPU: there is no allocator counter as on CUDA).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+
+__all__ = ["StepShape", "PHASES", "BACKBONE_VOCABULARIES", "SIDE_BY_SIDE", "old_path_bytes", "measure",
+           "run_in_process", "step_table", "plot_growth"]
+
+PHASES = ("encode", "generate", "score", "estimate", "reference", "policy", "backward", "optimizer")
+"""``encode``: the prompts' embeddings, audio encoded once per prompt (today's path only:
+the old path encodes inside every pass)."""
+
+BACKBONE_VOCABULARIES = {"qwen2-audio": 156_032, "granite-speech": 49_160}
+
+AUDIO_SLOTS_PER_SECOND = {"qwen2-audio": 25, "granite-speech": 10}
+
+SIDE_BY_SIDE = (("qwen2-audio", 3, 5), ("qwen2-audio", 3, 10), ("granite-speech", 30, 10), ("granite-speech", 30, 25))
+"""(backbone, clip seconds, T) measured on both paths where the old one fits; the new
+path also runs at the paper's shape (30 s, T = 200)."""
+
+REFERENCE_TEXT = "the cat sat on the mat near the small red house"
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What one measured step looks like."""
+
+    path: str  # "new" (today's) or "old" (bench/step_reference.py)
+    backbone: str  # a key of BACKBONE_VOCABULARIES
+    vocab_size: int
+    prompts: int = 6
+    group_size: int = 8
+    new_tokens: int = 200
+    audio_seconds: int = 30
+
+
+def old_path_bytes(shape: StepShape) -> int:
+    """A generous estimate of the old path's largest float32 tensors at ``shape``: the
+    prefill's ``[N, P, V]`` logits (Qwen2-Audio's forward has no ``logits_to_keep``), six
+    ``[N, T, V]`` in the rollout, and five ``[K, P + T, V]`` in a teacher-forced pass."""
+    prompt = AUDIO_SLOTS_PER_SECOND[shape.backbone] * shape.audio_seconds + 20
+    rows = shape.prompts * shape.group_size
+    return 4 * shape.vocab_size * (rows * prompt + 6 * rows * shape.new_tokens
+                                   + 5 * shape.group_size * (prompt + shape.new_tokens))
+
+
+class MemorySampler:
+    """Resident set size of this process, sampled every millisecond in a thread; ``phase``
+    records each named block's seconds and its peak bytes."""
+
+    def __init__(self) -> None:
+        self._page = 4096
+        self.current_peak = 0
+        self.seconds: dict[str, float] = {}
+        self.peaks: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def rss(self) -> int:
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * self._page
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.current_peak = max(self.current_peak, self.rss())
+            time.sleep(0.001)
+
+    def __enter__(self) -> "MemorySampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        self.current_peak = self.rss()
+        started = time.perf_counter()
+        yield
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
+        self.peaks[name] = max(self.peaks.get(name, 0), self.current_peak, self.rss())
+
+
+def _load(shape: StepShape) -> Any:
+    from leaf_plugins.backbones.granite_speech import tiny_granite_speech
+    from leaf_plugins.backbones.qwen2_audio import tiny_qwen2_audio
+
+    if shape.backbone == "qwen2-audio":
+        return tiny_qwen2_audio(0, clip_seconds=shape.audio_seconds, vocab_size=shape.vocab_size)
+    return tiny_granite_speech(0, vocab_size=shape.vocab_size)
+
+
+def measure(shape: StepShape) -> dict[str, Any]:
+    """One optimizer step at ``shape`` in this process: seconds and peak resident bytes
+    per phase, the resident bytes before the step, and the step's overall peak."""
+    from leaf_plugins import get_host
+    from leaf_plugins.bench.step_reference import response_logprobs_full_vocabulary, sample_responses_k_copies
+    from leaf_plugins.core.engine import Engine
+    from leaf_plugins.training.aggregation import StepTotals, token_weights
+    from leaf_plugins.training.lora import attach_lora, reference_policy
+    from leaf_plugins.training.loss import policy_loss
+    from leaf_plugins.training.rollout import response_logprobs, sample_responses
+    from leaf_plugins.training.update import with_prompt_embeddings
+
+    torch.manual_seed(0)
+    loaded = _load(shape)
+    model = attach_lora(loaded, rank=64, alpha=128, dropout=0.0)
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-5)
+    rng = np.random.default_rng(0)
+    audios = [(rng.standard_normal(16000 * shape.audio_seconds) * 0.1).astype(np.float32)
+              for _ in range(shape.prompts)]
+    inputs = loaded.spec.build_inputs(loaded, ["<|audio|> translate the audio from english to german"] * shape.prompts,
+                                      audios)
+    reward = get_host().rewards.get("sentence_bleu")
+    engine = Engine("leaf", {}, {})
+    old = shape.path == "old"
+    sample = sample_responses_k_copies if old else sample_responses
+    forced: Callable[..., torch.Tensor] = response_logprobs_full_vocabulary if old else response_logprobs
+    model.eval()
+    with MemorySampler() as sampler:
+        before = sampler.rss()
+        if not old:
+            with sampler.phase("encode"):
+                inputs = with_prompt_embeddings(model, inputs)
+        with sampler.phase("generate"):
+            rollout = sample(model, loaded, inputs, shape.group_size, shape.new_tokens, 1.0, 0.9)
+        with sampler.phase("score"):
+            scores = reward(rollout.texts, [REFERENCE_TEXT] * len(rollout.texts))
+            batch = rollout.batch.with_rewards(torch.tensor(scores, dtype=torch.float32))
+        with sampler.phase("estimate"):
+            advantages = engine.estimate(batch).advantages
+        model.train()
+        optimizer.zero_grad()
+        totals = StepTotals(tokens=int(batch.lengths.sum()), sequences=batch.size)
+        for prompt in range(shape.prompts):
+            rows = torch.nonzero(rollout.prompt_index == prompt).squeeze(1)
+            local = {key: value[prompt : prompt + 1] for key, value in inputs.items()}
+            index = torch.zeros(len(rows), dtype=torch.long)
+            tokens, lengths, mask = batch.tokens[rows], batch.lengths[rows], batch.mask[rows]
+            with sampler.phase("reference"), torch.no_grad(), reference_policy(model):
+                reference = forced(model, local, tokens, lengths, index)
+            with sampler.phase("policy"):
+                current = forced(model, local, tokens, lengths, index)
+                weights = None if old else token_weights(lengths, batch.width, totals, "token_mean", shape.new_tokens)
+                loss = policy_loss(current, batch.logprobs[rows], reference, advantages[rows], mask, weights=weights)
+            with sampler.phase("backward"):
+                (loss.loss / shape.prompts if old else loss.loss).backward()
+            del current, loss
+        with sampler.phase("optimizer"):
+            optimizer.step()
+        peak = max(sampler.peaks.values())
+    return {**asdict(shape), "seconds": sampler.seconds, "peaks": sampler.peaks, "before": before, "peak": peak,
+            "response_tokens": int(batch.lengths.sum()), "width": batch.width}
+
+
+def _child(shape: StepShape, queue: Any) -> None:
+    queue.put(measure(shape))
+
+
+def run_in_process(shape: StepShape) -> dict[str, Any]:
+    """``measure(shape)`` in a fresh process (so that no earlier run's memory counts)."""
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=_child, args=(shape, queue))
+    process.start()
+    process.join()
+    if process.exitcode != 0:
+        raise RuntimeError(f"the step at {shape} failed in its process (exit code {process.exitcode})")
+    return queue.get()
+
+
+def _gb(value: float) -> str:
+    return f"{value / 1e9:.2f}"
+
+
+def step_table(rows: list[dict[str, Any]]) -> str:
+    """Markdown: seconds per phase, the step's total, and its peak memory above the
+    loaded model (GB), one row per measured step; then old/new ratios at equal shapes."""
+    header = ("| backbone (V) | audio s | T | path | " + " | ".join(PHASES)
+              + " | step s | peak above model GB | peak RSS GB |\n"
+              "|---|---|---|---|" + "---|" * len(PHASES) + "---|---|---|")
+    lines = [header]
+    for row in rows:
+        phases = " | ".join(f"{row['seconds'][p]:.2f}" if p in row["seconds"] else "–" for p in PHASES)
+        lines.append(f"| {row['backbone']} ({row['vocab_size']:,}) | {row['audio_seconds']} | {row['new_tokens']} | "
+                     f"{row['path']} | {phases} | "
+                     f"{sum(row['seconds'].values()):.1f} | {_gb(row['peak'] - row['before'])} | {_gb(row['peak'])} |")
+    ratios = []
+    for new in (r for r in rows if r["path"] == "new"):
+        for old in (r for r in rows if r["path"] == "old"):
+            if all(old[key] == new[key] for key in ("backbone", "audio_seconds", "new_tokens")):
+                ratios.append(f"- {new['backbone']}, {new['audio_seconds']} s, T = {new['new_tokens']}: "
+                              "old/new step time "
+                              f"{sum(old['seconds'].values()) / sum(new['seconds'].values()):.1f}×, peak memory above "
+                              f"the model {(old['peak'] - old['before']) / max(new['peak'] - new['before'], 1):.1f}×")
+    return "\n".join(lines + ([""] + ratios if ratios else []))
+
+
+def plot_growth(rows: list[dict[str, Any]], path: Path) -> None:
+    """Peak step memory above the model against T, one line per (backbone, path)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for backbone in BACKBONE_VOCABULARIES:
+        for path_name, style in (("old", "--o"), ("new", "-s")):
+            points = sorted((r["new_tokens"], (r["peak"] - r["before"]) / 1e9) for r in rows
+                            if r["backbone"] == backbone and r["path"] == path_name)
+            if points:
+                label = f"{backbone} (V={BACKBONE_VOCABULARIES[backbone]:,}), {path_name}"
+                axis.plot(*zip(*points), style, label=label)
+    axis.set_xlabel("response tokens T (6 prompts × K = 8; clip length in the table)")
+    axis.set_ylabel("peak step memory above the model (GB)")
+    axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)

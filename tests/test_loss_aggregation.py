@@ -1,0 +1,90 @@
+"""The step's loss does not depend on how the step is cut: one micro-batch, three, or
+two processes (tests/test_training_distributed.py) give the same gradient, which is the
+gradient of the aggregation computed over the whole step by hand."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from leaf_plugins.training.aggregation import StepTotals, token_weights
+from leaf_plugins.training.lora import reference_policy
+from leaf_plugins.training.rollout import response_logprobs
+from leaf_plugins.training.trainer import Trainer
+from training_cases import config, examples, fixed_step, host, step_gradient
+
+PROMPTS = 3
+
+
+def test_token_weights_by_hand():
+    lengths = torch.tensor([2, 1])  # two of the step's rows; the step has 10 tokens in 4 responses
+    totals = StepTotals(tokens=10, sequences=4)
+    for aggregation, expected in [("token_mean", [[0.1, 0.1, 0], [0.1, 0, 0]]),
+                                  ("sequence_mean", [[1 / 8, 1 / 8, 0], [1 / 4, 0, 0]]),
+                                  ("constant", [[1 / 20, 1 / 20, 0], [1 / 20, 0, 0]])]:
+        torch.testing.assert_close(token_weights(lengths, 3, totals, aggregation, 5), torch.tensor(expected))
+    with pytest.raises(ValueError, match="loss_aggregation must be one of"):
+        token_weights(lengths, 3, totals, "mean", 5)
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory):
+    run = config(tmp_path_factory.mktemp("aggregation"), "grpo", steps=1)
+    run.rollout.prompts_per_step, run.rollout.group_size, run.rollout.max_new_tokens = PROMPTS, 4, 8
+    return Trainer(run, examples(PROMPTS), host=host())
+
+
+def by_hand(trainer, aggregation: str) -> dict[str, torch.Tensor]:
+    """The aggregation written out over the whole step in one pass."""
+    context, rollout, batch, advantages = fixed_step(trainer, examples(PROMPTS))
+    optim, inputs = trainer.config.optim, context.inputs
+    mask = batch.mask
+    with torch.no_grad(), reference_policy(trainer.policy):
+        reference = response_logprobs(trainer.policy, inputs, batch.tokens, batch.lengths, rollout.prompt_index)
+    trainer.optimizer.zero_grad()
+    current = response_logprobs(trainer.policy, inputs, batch.tokens, batch.lengths, rollout.prompt_index)
+    ratio = torch.exp(current - batch.logprobs)
+    clipped = ratio.clamp(1 - optim.clip_epsilon, 1 + optim.clip_epsilon)
+    surrogate = torch.minimum(ratio * advantages, clipped * advantages)
+    k3 = torch.exp(reference - current) - (reference - current) - 1
+    per_token = (-surrogate + optim.kl_coefficient * k3) * mask
+    if aggregation == "token_mean":
+        loss = per_token.sum() / mask.sum()
+    elif aggregation == "sequence_mean":
+        loss = (per_token.sum(1) / batch.lengths).mean()
+    else:
+        loss = per_token.sum() / (batch.size * trainer.config.rollout.max_new_tokens)
+    loss.backward()
+    grads = {name: p.grad.clone() for name, p in trainer.policy.named_parameters() if p.requires_grad}
+    trainer.optimizer.zero_grad()
+    return grads
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "sequence_mean", "constant"])
+def test_one_and_three_micro_batches_give_the_step_gradient(trainer, aggregation):
+    expected = by_hand(trainer, aggregation)
+    assert any(bool(g.abs().sum() > 0) for g in expected.values())
+    for micro_batch_prompts in (PROMPTS, 1):
+        trainer.config.optim.loss_aggregation = aggregation
+        trainer.config.optim.micro_batch_prompts = micro_batch_prompts
+        got = step_gradient(trainer, examples(PROMPTS))
+        for name in expected:
+            torch.testing.assert_close(got[name], expected[name], rtol=1e-4, atol=1e-7, msg=name)
+    lengths = fixed_step(trainer, examples(PROMPTS))[2].lengths
+    assert len(set(lengths.tolist())) > 1  # the groups differ in length: a per-micro-batch mean would differ
+
+
+def test_activation_checkpointing_gives_the_same_gradient(tmp_path):
+    from leaf_plugins.training.prompt_embedding import language_model_of
+
+    run = config(tmp_path, "grpo", steps=1)
+    run.rollout.prompts_per_step, run.rollout.group_size, run.rollout.max_new_tokens = PROMPTS, 4, 8
+    run.optim.activation_checkpointing = True
+    checkpointed = Trainer(run, examples(PROMPTS), host=host())
+    assert language_model_of(checkpointed.policy).is_activation_checkpointing
+    plain = Trainer(config(tmp_path / "plain", "grpo", steps=1), examples(PROMPTS), host=host())
+    plain.config.rollout = run.rollout
+    plain.config.optim.micro_batch_prompts = checkpointed.config.optim.micro_batch_prompts = 1
+    got, expected = step_gradient(checkpointed, examples(PROMPTS)), step_gradient(plain, examples(PROMPTS))
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-7, msg=name)
