@@ -5,7 +5,9 @@ from __future__ import annotations
 import difflib
 from typing import Iterable
 
-__all__ = ["LeafError", "ConfigError", "UnknownNameError", "DuplicateNameError", "PluginLoadError", "suggest"]
+__all__ = [
+    "LeafError", "ConfigError", "NonFiniteError", "UnknownNameError", "DuplicateNameError", "PluginLoadError", "suggest",
+]
 
 
 class LeafError(Exception):
@@ -14,6 +16,10 @@ class LeafError(Exception):
 
 class ConfigError(LeafError, ValueError):
     """A configuration value is invalid."""
+
+
+class NonFiniteError(LeafError, ValueError):
+    """A reward, surprisal, log-prob, advantage, loss or gradient is NaN or infinite."""
 
 
 class UnknownNameError(LeafError, KeyError):
