@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterable
 from leaf_plugins.core.config import load_config
 from leaf_plugins.core.errors import LeafError
 from leaf_plugins.core.plugins import PluginHost, get_host
+from leaf_plugins.training.finite import NONFINITE_REWARD_POLICIES
 from leaf_plugins.training.rollout import SURPRISAL_SOURCES
 
 __all__ = [
@@ -74,6 +75,7 @@ class TrainConfig:
     steps: int = 100
     checkpoint_every: int = 10
     log_rollouts: bool = False  # every step's rollout groups to rollouts.jsonl (forkability analysis)
+    nonfinite_rewards: str = "error"  # a NaN/inf reward stops the run, or drop_group: its group is left out
     reward: str = "sentence_bleu"
     backbone: BackboneConfig = field(default_factory=BackboneConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -104,6 +106,8 @@ def train_validators(host: PluginHost, prefix: str = "") -> dict[str, Callable[[
         "task.name": registered(host.tasks),
         "estimator.name": registered(host.estimators),
         "reward": registered(host.rewards),
+        "nonfinite_rewards": lambda value: None if value in NONFINITE_REWARD_POLICIES
+        else f"must be one of {', '.join(NONFINITE_REWARD_POLICIES)}",
         "rollout.surprisal_from": lambda value: None if value in SURPRISAL_SOURCES
         else f"must be one of {', '.join(SURPRISAL_SOURCES)}",
     }

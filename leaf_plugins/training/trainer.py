@@ -30,6 +30,7 @@ from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.tasks.base import Example
 from leaf_plugins.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from leaf_plugins.training.config import TrainConfig
+from leaf_plugins.training.finite import bad_reward_prompts, check_update, keep_prompts, scorer_name
 from leaf_plugins.training.lora import attach_lora, reference_policy
 from leaf_plugins.training.loss import PolicyLoss, policy_loss
 from leaf_plugins.training.rollout import Rollout, audio_token_ids, response_logprobs, sample_responses
@@ -180,6 +181,11 @@ class Trainer:
         self.model.eval()
         rollout = hook.rollout(context=context)
         rewards = hook.score_rollouts(context=context, rollout=rollout)
+        dropped = bad_reward_prompts(rewards, rollout, examples, step + 1, config.nonfinite_rewards,
+                                     scorer_name(hook, config.reward))
+        if dropped:
+            tqdm.write(f"step {step + 1}: {len(dropped)} group(s) with a non-finite reward dropped")
+            context, rollout, rewards = keep_prompts(context, rollout, rewards, dropped)
         batch = rollout.batch.with_rewards(rewards)
         sampled = time.perf_counter()
         if self.rollout_logger is not None:
@@ -195,6 +201,7 @@ class Trainer:
             "response_tokens_mean": float(batch.lengths.float().mean()),
             "advantage_mean": float(advantages.mean()) if advantages.numel() else 0.0,
             "advantage_abs_mean": float(advantages.abs().mean()) if advantages.numel() else 0.0,
+            "groups_dropped": float(len(dropped)),
             **losses,
             "rollout_seconds": sampled - started,
             "estimator_seconds": estimated - sampled,
@@ -232,6 +239,7 @@ class Trainer:
             totals["loss"] += float(loss.loss.detach()) / len(chunks)
             totals["kl"] += float(loss.kl) / len(chunks)
             totals["clip_fraction"] += float(loss.clip_fraction) / len(chunks)
+        check_update(self.policy, totals["loss"], self.completed + 1, self.output_dir)
         self.optimizer.step()
         self.completed += 1
         self.model.eval()
