@@ -30,6 +30,7 @@ from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.tasks.base import Example
 from leaf_plugins.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from leaf_plugins.training.config import TrainConfig
+from leaf_plugins.training.durable import truncate_log
 from leaf_plugins.training.finite import bad_reward_prompts, check_update, keep_prompts, scorer_name
 from leaf_plugins.training.lora import attach_lora, reference_policy
 from leaf_plugins.training.loss import PolicyLoss, policy_loss
@@ -267,14 +268,10 @@ class Trainer:
 
     def _resume(self) -> int:
         found = latest_checkpoint(self.output_dir)
-        if found is None:
-            return 0
-        step = load_checkpoint(found, self.policy, self.optimizer)
-        if self.accelerator.is_main_process:  # drop steps logged after that checkpoint
+        step = 0 if found is None else load_checkpoint(found, self.policy, self.optimizer)
+        if self.accelerator.is_main_process:  # drop steps logged after that checkpoint (and a torn last line)
             for log in (self.output_dir / "metrics.jsonl", self.output_dir / ROLLOUT_LOG):
-                if log.exists():
-                    kept = [line for line in log.read_text().splitlines() if json.loads(line)["step"] <= step]
-                    log.write_text("".join(line + "\n" for line in kept))
+                truncate_log(log, lambda record: record["step"] <= step)
         return step
 
     def _save(self, step: int) -> None:
