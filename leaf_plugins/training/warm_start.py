@@ -19,6 +19,7 @@ from tqdm import tqdm
 from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.tasks.base import Example
 from leaf_plugins.training.config import BackboneConfig, TaskConfig
+from leaf_plugins.training.durable import fsync_directory, fsync_tree
 from leaf_plugins.training.rollout import response_logprobs
 
 __all__ = ["WarmStartConfig", "warm_start", "reference_tokens", "load_warm_start_config", "warm_start_validators"]
@@ -102,7 +103,9 @@ def warm_start(config: WarmStartConfig, examples: Sequence[Example], host: Plugi
     model.save_pretrained(partial)
     loaded.processor.save_pretrained(partial)
     loaded.tokenizer.save_pretrained(partial)
+    fsync_tree(partial)
     partial.rename(target)
+    fsync_directory(output)
     return target
 
 
