@@ -50,10 +50,10 @@ lora: {{rank: 4, alpha: 8, dropout: 0.0}}
     return path
 
 
-def outcome(directory: Path) -> tuple[dict[str, torch.Tensor], list[dict], list[dict]]:
+def outcome(directory: Path, steps: int = STEPS) -> tuple[dict[str, torch.Tensor], list[dict], list[dict]]:
     """The final adapter, the metrics (without wall times) and the rollout log of a run."""
     found = latest_checkpoint(directory)
-    assert found is not None and found.name == f"checkpoint-{STEPS:08d}"
+    assert found is not None and found.name == f"checkpoint-{steps:08d}"
     adapter = load_file(str(found / "adapter" / "adapter_model.safetensors"))
     metrics = [{k: v for k, v in json.loads(line).items() if not k.endswith("_seconds")}
                for line in (directory / "metrics.jsonl").read_text().splitlines()]
@@ -87,3 +87,42 @@ def test_kill_9_at_every_point_then_resume_ends_as_an_uninterrupted_run(straight
     assert got_metrics == metrics
     assert got_rollouts == rollouts
     assert [m["step"] for m in got_metrics] == list(range(1, STEPS + 1))
+
+
+def study_file(tmp_path: Path, name: str) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(f"""\
+output_dir: {tmp_path / name}
+base:
+  steps: 2
+  checkpoint_every: 1
+  backbone: {{name: tiny-qwen2-audio}}
+  task: {{name: spoken-translation, options: {{size: 8, validation_size: 2, test_size: 2, cache_dir: {tmp_path / 'cache'}}}}}
+  rollout: {{group_size: 4, prompts_per_step: 2, max_new_tokens: 8}}
+  optim: {{learning_rate: 0.01}}
+  lora: {{rank: 4, alpha: 8, dropout: 0.0}}
+grid:
+  estimator.name: [grpo, leaf]
+seeds: [0]
+evaluation: {{split: validation, max_new_tokens: 8, metrics: [bleu, length]}}
+""")
+    return path
+
+
+STUDY_KILLS = [("optimizer.step", 3), ("evaluate", 1)]  # run 2's first step; then (resumed) before its evaluation
+
+
+def test_a_study_killed_mid_run_resumes_to_the_table_of_an_uninterrupted_study(tmp_path):
+    assert run_leaf(["study", str(study_file(tmp_path, "straight"))]) == 0
+    killed = study_file(tmp_path, "killed")
+    for point, n in STUDY_KILLS:
+        assert run_leaf(["study", str(killed)], point, n) == -9, f"{point} #{n} was not reached"
+    assert run_leaf(["study", str(killed)]) == 0
+    for table in ("results.csv", "results.md"):
+        got = (tmp_path / "killed" / table).read_text().replace("killed.yaml", "straight.yaml")
+        assert got == (tmp_path / "straight" / table).read_text()
+    for run in ("estimator=grpo", "estimator=leaf"):
+        (adapter, *logs), (want_adapter, *want_logs) = (outcome(tmp_path / name / "runs" / run / "seed-0", steps=2)
+                                                       for name in ("killed", "straight"))
+        assert logs == want_logs
+        assert all(torch.equal(adapter[key], want_adapter[key]) for key in want_adapter)
