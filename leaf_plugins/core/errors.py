@@ -39,7 +39,7 @@ class PluginLoadError(LeafError):
 
 def suggest(name: str, known: Iterable[str]) -> str:
     """``" Did you mean 'x'?"``: a sentence naming the closest known names, or ``""``."""
-    matches = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
+    matches = difflib.get_close_matches(str(name), [str(k) for k in known], n=3, cutoff=0.6)  # keys may be null
     if not matches:
         return ""
     return " Did you mean " + " or ".join(repr(m) for m in matches) + "?"

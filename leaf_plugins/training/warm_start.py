@@ -20,6 +20,7 @@ from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.tasks.base import Example
 from leaf_plugins.training.config import BackboneConfig, TaskConfig
 from leaf_plugins.training.durable import fsync_directory, fsync_tree
+from leaf_plugins.training.ranges import WARM_START_RANGES
 from leaf_plugins.training.rollout import response_logprobs
 
 __all__ = ["WarmStartConfig", "warm_start", "reference_tokens", "load_warm_start_config", "warm_start_validators"]
@@ -49,7 +50,8 @@ def warm_start_validators(host: PluginHost, prefix: str = "") -> dict:
     """The checks of a warm-start config's registered names, keyed by dotted path."""
     from leaf_plugins.training.config import registered
 
-    return {f"{prefix}backbone.name": registered(host.backbones), f"{prefix}task.name": registered(host.tasks)}
+    checks = {"backbone.name": registered(host.backbones), "task.name": registered(host.tasks), **WARM_START_RANGES}
+    return {prefix + key: check for key, check in checks.items()}
 
 
 def reference_tokens(tokenizer, references: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
