@@ -18,7 +18,7 @@ from leaf_plugins.core.plugins import get_host
 from leaf_plugins.studies.config import load_study
 from leaf_plugins.training.config import load_train_config
 
-pytestmark = pytest.mark.slow
+SLOW = pytest.mark.slow
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SEEDS = {
@@ -79,12 +79,16 @@ def check(kind: str, text: str, tmp_path: Path) -> None:
     try:
         load(path, host=get_host())
     except LeafError as error:
-        assert re.search(rf"{re.escape(str(path))}:\d+:\d+: ", str(error)), f"unlocated error: {error}\n---\n{text}"
+        first, *listed = str(error).splitlines()
+        located = re.compile(rf"{re.escape(str(path))}:\d+:\d+: ")
+        for line in [line.strip() for line in listed] if " in the configuration:" in first else [first]:
+            assert located.match(line), f"unlocated error: {line}\n--- in ---\n{error}\n--- file ---\n{text}"
         TALLY[kind, "rejected"] += 1
     else:
         TALLY[kind, "valid"] += 1
 
 
+@SLOW
 @pytest.mark.parametrize("kind", sorted(SEEDS))
 def test_a_fuzzed_file_is_valid_or_rejected_at_file_line_col(kind, tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp(kind)
@@ -102,3 +106,24 @@ def test_a_fuzzed_file_is_valid_or_rejected_at_file_line_col(kind, tmp_path_fact
     valid, rejected = TALLY[kind, "valid"] - before[kind, "valid"], TALLY[kind, "rejected"] - before[kind, "rejected"]
     print(f"{kind} files: {valid + rejected} tried, {valid} valid, {rejected} rejected at file:line:col")
     assert valid + rejected >= examples and valid > 0 and rejected > 0
+
+
+@pytest.mark.parametrize("text, location, message", [
+    ("base:\n  steps: 2\n  estimator: {name: leaf, params: {fork_budget: banana}}\n", "3:3",
+     "variation 'base': fork_budget must be an integer >= 0, got 'banana'"),
+    ("base: {steps: 2}\ngrid:\n  estimator.params.fork_budget: [1, banana]\n", "3:37",
+     "variation 'fork_budget=banana': fork_budget must be an integer >= 0"),
+    ("seeds: [-1]\nbase: {steps: 2}\n", "1:1", "seeds: base.seed: must lie in [0, 2147483647], got -1"),
+    ("base: {steps: 2}\nvariations:\n  - {label: A, steps: 1}\n  - {label: A, steps: 2}\n", "2:1",
+     "two variations are both named 'A'"),
+    ("base:\n  rollout: 8\n", "2:3", "base.rollout: expected a section (a mapping of keys), got 8"),
+    ("base:\n  optim: {learning_rate: 1e400}\n", "2:11", "base.optim.learning_rate: must be a finite number in (0, 1e+06]"),
+    ("base: {steps: 2}\n\x07\n", "2:1", "character 0x7 is not allowed in YAML"),
+], ids=["params", "grid-params", "seeds", "labels", "section", "inf", "control"])
+def test_study_mistakes_the_fuzz_rarely_draws_are_located_too(tmp_path, text, location, message):
+    path = tmp_path / "study.yaml"
+    path.write_text(f"output_dir: {tmp_path / 'out'}\n" + text)
+    line, column = location.split(":")
+    with pytest.raises(LeafError) as error:
+        load_study(path, host=get_host())
+    assert f"{path}:{int(line) + 1}:{column}: {message}" in str(error.value)
