@@ -31,6 +31,7 @@ from leaf_plugins.tasks.base import Example
 from leaf_plugins.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from leaf_plugins.training.config import TrainConfig
 from leaf_plugins.training.durable import truncate_log
+from leaf_plugins.training.environment import record_environment
 from leaf_plugins.training.finite import bad_reward_prompts, check_update, keep_prompts, scorer_name
 from leaf_plugins.training.lora import attach_lora, reference_policy
 from leaf_plugins.training.loss import PolicyLoss, policy_loss
@@ -142,6 +143,8 @@ class Trainer:
         metrics of the steps run now. Ctrl-C saves a checkpoint before stopping."""
         self.output_dir.mkdir(parents=True, exist_ok=True)
         start = self._resume()
+        if self.accelerator.is_main_process:
+            record_environment(self.output_dir)
         if self.accelerator.is_main_process:
             self.accelerator.init_trackers("leaf", config=_flat(asdict(self.config)))
         done: list[dict[str, float]] = []
