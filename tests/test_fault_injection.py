@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from fault_injection import POINTS, run_leaf
 from leaf_plugins.training.checkpoint import latest_checkpoint
+from test_studies import tiny_study
 
 pytestmark = pytest.mark.slow
 
@@ -90,22 +91,9 @@ def test_kill_9_at_every_point_then_resume_ends_as_an_uninterrupted_run(straight
 
 
 def study_file(tmp_path: Path, name: str) -> Path:
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(f"""\
-output_dir: {tmp_path / name}
-base:
-  steps: 2
-  checkpoint_every: 1
-  backbone: {{name: tiny-qwen2-audio}}
-  task: {{name: spoken-translation, options: {{size: 8, validation_size: 2, test_size: 2, cache_dir: {tmp_path / 'cache'}}}}}
-  rollout: {{group_size: 4, prompts_per_step: 2, max_new_tokens: 8}}
-  optim: {{learning_rate: 0.01}}
-  lora: {{rank: 4, alpha: 8, dropout: 0.0}}
-grid:
-  estimator.name: [grpo, leaf]
-seeds: [0]
-evaluation: {{split: validation, max_new_tokens: 8, metrics: [bleu, length]}}
-""")
+    """The tiny study of the study tests, shortened: 2 steps, one seed."""
+    path = tiny_study(tmp_path, name)
+    path.write_text(path.read_text().replace("steps: 3", "steps: 2").replace("seeds: [0, 1]", "seeds: [0]"))
     return path
 
 
