@@ -73,7 +73,7 @@ class RolloutBatch:
 
     Rewards and the per-token fields must be finite: a NaN or an infinity raises
     ``NonFiniteError`` naming the field, the response index, its group id and the token
-    (one ``isfinite`` reduction per field on construction, one host synchronisation), so
+    (one sum per field on construction, one host synchronisation), so
     no estimator ever sees one.
     """
 
