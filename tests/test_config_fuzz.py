@@ -117,7 +117,8 @@ def test_a_fuzzed_file_is_valid_or_rejected_at_file_line_col(kind, tmp_path_fact
     ("base: {steps: 2}\nvariations:\n  - {label: A, steps: 1}\n  - {label: A, steps: 2}\n", "2:1",
      "two variations are both named 'A'"),
     ("base:\n  rollout: 8\n", "2:3", "base.rollout: expected a section (a mapping of keys), got 8"),
-    ("base:\n  optim: {learning_rate: 1e400}\n", "2:11", "base.optim.learning_rate: must be a finite number in (0, 1e+06]"),
+    ("base:\n  optim: {learning_rate: 1e400}\n", "2:11",
+     "base.optim.learning_rate: must be a finite number in (0, 1e+06]"),
     ("base: {steps: 2}\n\x07\n", "2:1", "character 0x7 is not allowed in YAML"),
 ], ids=["params", "grid-params", "seeds", "labels", "section", "inf", "control"])
 def test_study_mistakes_the_fuzz_rarely_draws_are_located_too(tmp_path, text, location, message):

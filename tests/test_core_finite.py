@@ -46,7 +46,8 @@ def test_a_non_finite_per_token_value_is_named_with_its_field_response_group_and
 
 def test_every_bad_field_is_reported_with_the_count_of_bad_values():
     with pytest.raises(NonFiniteError) as error:
-        small_batch(rewards=[math.nan, math.nan, 0.0, math.inf], logprobs=[[-0.1, -0.2], [-0.1, -0.3], [0, 0, 0], [math.nan]])
+        small_batch(rewards=[math.nan, math.nan, 0.0, math.inf],
+                    logprobs=[[-0.1, -0.2], [-0.1, -0.3], [0, 0, 0], [math.nan]])
     assert str(error.value) == ("RolloutBatch: rewards of response 0 (group id 7) is nan (2 more non-finite values); "
                                 "logprobs of response 3 (group id 9, token 0) is nan")
 
@@ -124,6 +125,7 @@ def test_an_estimator_that_overflows_is_stopped_at_the_engine():
 
     host = lp.core.plugins.PluginHost.discover(extra_plugins=[("overflowing", Register())], strict=True)
     engine = lp.Engine("overflowing", host=host)
-    with pytest.raises(NonFiniteError, match=r"estimator 'overflowing': advantages of response 1 \(group id 7, token 0\) "
+    with pytest.raises(NonFiniteError, match=r"estimator 'overflowing': advantages of response 1 "
+                                             r"\(group id 7, token 0\) "
                                              r"is inf .* rescale the rewards"):
         engine.estimate(small_batch())

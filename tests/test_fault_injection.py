@@ -42,7 +42,9 @@ steps: {STEPS}
 checkpoint_every: 2
 log_rollouts: true
 backbone: {{name: tiny-qwen2-audio}}
-task: {{name: spoken-translation, options: {{size: 12, validation_size: 2, test_size: 2, cache_dir: {tmp_path / 'cache'}}}}}
+task:
+  name: spoken-translation
+  options: {{size: 12, validation_size: 2, test_size: 2, cache_dir: {tmp_path / 'cache'}}}
 estimator: {{name: leaf}}
 rollout: {{group_size: 4, prompts_per_step: 2, max_new_tokens: 8}}
 optim: {{learning_rate: 0.01}}

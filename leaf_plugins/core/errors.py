@@ -6,7 +6,8 @@ import difflib
 from typing import Iterable
 
 __all__ = [
-    "LeafError", "ConfigError", "NonFiniteError", "UnknownNameError", "DuplicateNameError", "PluginLoadError", "suggest",
+    "LeafError", "ConfigError", "NonFiniteError", "UnknownNameError", "DuplicateNameError", "PluginLoadError",
+    "suggest",
 ]
 
 
