@@ -8,6 +8,8 @@ from typing import Sequence
 
 import torch
 
+from leaf_plugins.core.finite import check_finite
+
 __all__ = ["RolloutBatch", "GroupLayout", "PER_TOKEN_FIELDS"]
 
 PAD_TOKEN = -1
@@ -68,6 +70,11 @@ class RolloutBatch:
     ``surprisal``/``logprobs``/``sum_pi_squared`` hold 0. Responses of one prompt share a group id; groups
     may differ in size. All tensors live on one device. ``vocab_size``, when the producer
     knows it, spares the estimators a scan for the largest token id.
+
+    Rewards and the per-token fields must be finite: a NaN or an infinity raises
+    ``NonFiniteError`` naming the field, the response index, its group id and the token
+    (one sum per field on construction, one host synchronisation), so
+    no estimator ever sees one.
     """
 
     tokens: torch.Tensor  # [N, T] int64, -1 on padding
@@ -82,6 +89,8 @@ class RolloutBatch:
 
     def __post_init__(self) -> None:
         self._check_shapes()
+        check_finite({name: getattr(self, name) for name in ("rewards", *PER_TOKEN_FIELDS)}, self.group_ids,
+                     "RolloutBatch")
         if self._layout is None:
             object.__setattr__(self, "_layout", _group_layout(self.group_ids))
 

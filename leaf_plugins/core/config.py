@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.error import MarkedYAMLError
+from ruamel.yaml.reader import ReaderError
 
 from leaf_plugins.core.errors import ConfigError, suggest
 
@@ -26,17 +27,34 @@ __all__ = ["load_yaml", "load_config", "apply_overrides", "build", "build_collec
 def load_yaml(path: Path) -> CommentedMap:
     """The file as a round-trip mapping (which keeps line and column of every key)."""
     try:
-        data = YAML(typ="rt").load(Path(path).read_text())
-    except MarkedYAMLError as error:
-        mark = error.problem_mark
-        raise ConfigError(f"{path}:{mark.line + 1}:{mark.column + 1}: YAML syntax error: {error.problem}") from None
+        raw = Path(path).read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line, column = _line_column(raw[: error.start].decode("utf-8", "replace"), error.start)
+        raise ConfigError(f"{path}:{line}:{column}: not UTF-8 text (byte {raw[error.start]:#04x})") from None
+    try:
+        data = YAML(typ="rt").load(text)
+    except MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        where = f"{mark.line + 1}:{mark.column + 1}" if mark is not None else "1:1"
+        raise ConfigError(f"{path}:{where}: YAML syntax error: {error.problem or error.context}") from None
+    except ReaderError as error:  # a character YAML does not allow (control characters)
+        line, column = _line_column(text, error.position)
+        raise ConfigError(f"{path}:{line}:{column}: character {error.character:#x} is not allowed in YAML") from None
     if data is None:
         return CommentedMap()
     if not isinstance(data, CommentedMap):
         raise ConfigError(f"{path}:1:1: the file must hold a mapping of sections, not a {type(data).__name__}")
     return data
+
+
+def _line_column(text: str, index: int) -> tuple[int, int]:
+    """1-based line and column of character ``index`` of ``text``."""
+    before = text[:index]
+    return before.count("\n") + 1, index - (before.rfind("\n") + 1) + 1
 
 
 def load_config(
@@ -139,6 +157,9 @@ def _build(cls: type, data: Any, where: str, prefix: str, errors: list[str], val
         expected = hints[key]
         raw = data[key]
         if dataclasses.is_dataclass(expected):
+            if raw is not None and not isinstance(raw, dict):
+                errors.append(f"{here}: {path}: expected a section (a mapping of keys), got {raw!r}")
+                continue
             values[key] = _build(expected, raw, where, path + ".", errors, validators)
             continue
         problem = _type_problem(raw, expected)

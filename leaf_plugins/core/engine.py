@@ -9,6 +9,7 @@ import pluggy
 
 from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.core.errors import ConfigError, suggest
+from leaf_plugins.core.finite import check_finite
 from leaf_plugins.core.hookspecs import PROJECT, LeafSpecs
 from leaf_plugins.core.params import EstimatorParams
 from leaf_plugins.core.plugins import PluginHost, get_host
@@ -52,7 +53,9 @@ class Engine:
         self.params = EstimatorParams.for_estimator(estimator, sorted(accepted), dict(params or {}))
 
     def estimate(self, batch: RolloutBatch) -> EstimateResult:
-        """Boundaries, nodes and advantages of ``batch`` through the estimator's stages."""
+        """Boundaries, nodes and advantages of ``batch`` through the estimator's stages.
+        The advantages are always finite: an estimator whose arithmetic overflows raises
+        ``NonFiniteError`` naming the response, never returns a NaN."""
         hook = self.manager.hook
         boundaries = hook.select_boundaries(batch=batch, params=self.params)
         self._require(boundaries, "select_boundaries")
@@ -60,6 +63,8 @@ class Engine:
         self._require(nodes, "retain_nodes")
         advantages = hook.compute_advantages(batch=batch, nodes=nodes, params=self.params)
         self._require(advantages, "compute_advantages")
+        check_finite({"advantages": advantages}, batch.group_ids, f"estimator {self.name!r}",
+                     "The batch is finite, so the estimator overflowed: rescale the rewards (|r| well below 1e38)")
         result = EstimateResult(advantages, boundaries, nodes, self.name)
         hook.on_estimate(batch=batch, result=result)
         return result

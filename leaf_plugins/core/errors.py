@@ -5,7 +5,10 @@ from __future__ import annotations
 import difflib
 from typing import Iterable
 
-__all__ = ["LeafError", "ConfigError", "UnknownNameError", "DuplicateNameError", "PluginLoadError", "suggest"]
+__all__ = [
+    "LeafError", "ConfigError", "NonFiniteError", "UnknownNameError", "DuplicateNameError", "PluginLoadError",
+    "suggest",
+]
 
 
 class LeafError(Exception):
@@ -14,6 +17,10 @@ class LeafError(Exception):
 
 class ConfigError(LeafError, ValueError):
     """A configuration value is invalid."""
+
+
+class NonFiniteError(LeafError, ValueError):
+    """A reward, surprisal, log-prob, advantage, loss or gradient is NaN or infinite."""
 
 
 class UnknownNameError(LeafError, KeyError):
@@ -33,7 +40,7 @@ class PluginLoadError(LeafError):
 
 def suggest(name: str, known: Iterable[str]) -> str:
     """``" Did you mean 'x'?"``: a sentence naming the closest known names, or ``""``."""
-    matches = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
+    matches = difflib.get_close_matches(str(name), [str(k) for k in known], n=3, cutoff=0.6)  # keys may be null
     if not matches:
         return ""
     return " Did you mean " + " or ".join(repr(m) for m in matches) + "?"

@@ -183,33 +183,37 @@ def load_study(path: Path, overrides: Iterable[str] = (), host: PluginHost | Non
     errors += found
     variations, found = _variations(data, where)
     errors += found
-    runs = []
+    runs, estimator_at = [], []  # each run, and where its estimator is set (file:line:col)
     for label, settings, located in variations:
         for seed in study.seeds:
             tree = copy.deepcopy(base)
             for key, (value, location) in located.items():
                 set_dotted(tree, key, value, location)
-            set_dotted(tree, "seed", seed, f"{where}: seeds")
+            set_dotted(tree, "seed", seed, f"{_key_where(data, 'seeds', where)}: seeds")
             set_dotted(tree, "log_rollouts", True, f"{where}: (studies log rollouts)")
             run_dir = Path(study.output_dir) / "runs" / slug(label) / f"seed-{seed}"
-            set_dotted(tree, "output_dir", str(run_dir), f"{where}: output_dir")
+            set_dotted(tree, "output_dir", str(run_dir), f"{_key_where(data, 'output_dir', where)}: output_dir")
             config, found = build_collecting(TrainConfig, tree, where, validators, prefix="base.")
             errors += found
             runs.append(PlannedRun(label, seed, config, settings))
+            estimator_at.append(next((at for key, (_, at) in located.items() if key.startswith("estimator")),
+                                     _key_where(base, "estimator", where) if "estimator" in base
+                                     else _key_where(data, "base", where)))
     errors += _compare_to_problems(study.compare_to, runs, data, where)
     if not errors:
-        errors += _estimator_problems(runs, where, host)
+        errors += _estimator_problems(runs, estimator_at, host)
     if errors:
         raise ConfigError(format_errors(where, errors))
     return Study(Path(path), study, warm, runs)
 
 
-def _estimator_problems(runs: list[PlannedRun], where: str, host: PluginHost) -> list[str]:
-    """Estimator parameters and stages checked by building each distinct engine."""
+def _estimator_problems(runs: list[PlannedRun], locations: list[str], host: PluginHost) -> list[str]:
+    """Estimator parameters and stages checked by building each distinct engine; an
+    error is reported at the run's location of its estimator settings."""
     from leaf_plugins.core.engine import Engine
 
     problems, seen = [], set()
-    for run in runs:
+    for run, where in zip(runs, locations):
         estimator = run.config.estimator
         key = (estimator.name, repr(sorted(estimator.params.items())), repr(sorted(estimator.stages.items())))
         if key in seen:
@@ -326,7 +330,8 @@ def _variations(data: CommentedMap, where: str) -> tuple[list[tuple[str, dict, d
     labels = [name for name, _, _ in out]
     for name in dict.fromkeys(labels):
         if labels.count(name) > 1 or (slug(name) != name and [slug(n) for n in labels].count(slug(name)) > 1):
-            errors.append(f"{where}: two variations are both named {name!r}: give them different labels")
+            at = _key_where(data, "variations" if "variations" in data else "grid", where)
+            errors.append(f"{at}: two variations are both named {name!r}: give them different labels")
     return out, errors
 
 
@@ -356,9 +361,17 @@ def _key_problem(key: str) -> str | None:
     return f"{key!r} is a section; vary one of its keys"
 
 
+def _key_where(node: Any, key: str, where: str) -> str:
+    """``file:line:col`` of ``key`` in the mapping ``node``; the file's start (or the
+    location ``where`` already is) when the key is absent."""
+    if isinstance(node, CommentedMap) and key in node:
+        return key_location(node, key, where)
+    return where if re.search(r":\d+:\d+$", where) else f"{where}:1:1"
+
+
 def _item_where(sequence: Any, index: int, where: str) -> str:
     try:
         line, column = sequence.lc.item(index)
         return f"{where}:{line + 1}:{column + 1}"
     except (AttributeError, KeyError, TypeError, IndexError):
-        return where
+        return _key_where(None, "", where)

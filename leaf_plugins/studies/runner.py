@@ -5,6 +5,7 @@ every run, so an interrupted study still has the table of what is finished."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import asdict
@@ -17,9 +18,11 @@ from tqdm import tqdm
 
 from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.core.plugins import PluginHost, get_host
+from leaf_plugins.studies.claims import claim
 from leaf_plugins.studies.config import PlannedRun, Study, slug
 from leaf_plugins.studies.evaluate import (BASELINE, EVALUATION, PREDICTIONS, evaluate_model, judge_runs,
                                           training_summary)
+from leaf_plugins.studies.lock import StudyLock
 from leaf_plugins.studies.results import write_results
 from leaf_plugins.tasks.base import Example
 from leaf_plugins.training.checkpoint import latest_checkpoint
@@ -29,6 +32,7 @@ __all__ = ["run_study", "baseline_dir", "RESOLVED"]
 
 RESOLVED = "study.resolved.yaml"
 RUN_RECORD = "study_run.json"  # the run config and evaluation settings a run directory holds
+WARM_START_RECORD = "warm_start.json"  # the warm-start config its directory holds
 TIMES = "train_seconds.txt"  # wall time of each training session of a run (several when resumed)
 
 
@@ -37,6 +41,12 @@ def run_study(study: Study, plugins: Sequence[object] = (), host: PluginHost | N
     ``plugins`` are passed to every run's trainer (observers, stage overrides)."""
     host = host or get_host()
     state = PartialState()  # under `accelerate launch`, runs train on every process; the rest is the main one's
+    output = study.output_dir
+    with StudyLock(output) if state.is_main_process else contextlib.nullcontext():
+        return _run_locked(study, plugins, host, state)
+
+
+def _run_locked(study: Study, plugins: Sequence[object], host: PluginHost, state: PartialState) -> Path:
     output = study.output_dir
     if state.is_main_process:
         output.mkdir(parents=True, exist_ok=True)
@@ -69,32 +79,7 @@ def _claim(run: PlannedRun, study: Study, write: bool) -> None:
     """Record what the run directory holds (its run config and the evaluation settings);
     a directory holding another configuration is an error, never silently reused."""
     evaluation = {key: value for key, value in asdict(study.config.evaluation).items() if key != "judges"}
-    wanted = json.loads(json.dumps({"config": asdict(run.config), "evaluation": evaluation}, default=str))
-    path = run.directory / RUN_RECORD
-    if path.exists():
-        held = json.loads(path.read_text())
-        if held != wanted:
-            changed = sorted(_differences(held, wanted))
-            raise ConfigError(f"{run.directory} holds a run with other settings ({', '.join(changed)}): delete it "
-                              f"or give the study another output_dir")
-    elif run.directory.exists() and any(run.directory.iterdir()):
-        raise ConfigError(f"{run.directory} holds files of a run with unknown settings (no {RUN_RECORD}): delete it "
-                          f"or give the study another output_dir")
-    elif write:
-        run.directory.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(wanted, indent=1))
-
-
-def _differences(held: dict, wanted: dict, prefix: str = "") -> list[str]:
-    keys = set(held) | set(wanted)
-    out = []
-    for key in keys:
-        a, b = held.get(key), wanted.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += _differences(a, b, f"{prefix}{key}.")
-        elif a != b:
-            out.append(f"{prefix}{key}: {a!r} -> {b!r}")
-    return out
+    claim(run.directory, RUN_RECORD, {"config": asdict(run.config), "evaluation": evaluation}, "a run", write)
 
 
 def baseline_dir(study: Study, config: TrainConfig) -> Path:
@@ -153,10 +138,12 @@ def _warm_start(study: Study, host: PluginHost) -> None:
     from leaf_plugins.training.warm_start import warm_start
 
     config = study.warm_start
-    if (Path(config.output_dir) / "model" / "config.json").exists():
-        return
-    print(f"warm start -> {config.output_dir}")
-    warm_start(config, task_examples(config.task, host=host), host)
+    with StudyLock(Path(config.output_dir)):  # studies with other output_dirs may share a warm start
+        claim(Path(config.output_dir), WARM_START_RECORD, asdict(config), "a warm start")
+        if (Path(config.output_dir) / "model" / "config.json").exists():
+            return
+        print(f"warm start -> {config.output_dir}")
+        warm_start(config, task_examples(config.task, host=host), host)
 
 
 def _write_resolved(study: Study, path: Path) -> None:

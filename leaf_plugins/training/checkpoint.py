@@ -10,12 +10,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from leaf_plugins.training.durable import fsync_directory, fsync_tree
+
 __all__ = ["save_checkpoint", "latest_checkpoint", "load_checkpoint"]
 
 
 def save_checkpoint(directory: Path, step: int, model: Any, optimizer: torch.optim.Optimizer) -> Path:
-    """Write ``checkpoint-<step>`` atomically (a temporary directory renamed at the end)
-    and keep only the newest one. The adapter is saved with peft's ``save_pretrained``."""
+    """Write ``checkpoint-<step>`` atomically (a temporary directory, fsynced, renamed at
+    the end) and keep only the newest one. The adapter is saved with peft's ``save_pretrained``."""
     target = directory / f"checkpoint-{step:08d}"
     partial = directory / f".partial-{step:08d}"
     shutil.rmtree(partial, ignore_errors=True)
@@ -29,7 +31,9 @@ def save_checkpoint(directory: Path, step: int, model: Any, optimizer: torch.opt
         },
         partial / "state.pt",
     )
+    fsync_tree(partial)  # the content is on disk before the name says it is complete
     partial.rename(target)
+    fsync_directory(directory)
     for old in directory.glob("checkpoint-*"):
         if old != target:
             shutil.rmtree(old)

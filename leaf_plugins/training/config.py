@@ -6,10 +6,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from leaf_plugins.core.config import load_config
-from leaf_plugins.core.errors import LeafError
+from leaf_plugins.core.config import key_location, load_config, load_yaml
+from leaf_plugins.core.errors import ConfigError, LeafError
 from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.training.aggregation import LOSS_AGGREGATIONS
+from leaf_plugins.training.finite import NONFINITE_REWARD_POLICIES
+from leaf_plugins.training.ranges import RUN_RANGES
 from leaf_plugins.training.rollout import SURPRISAL_SOURCES
 
 __all__ = [
@@ -77,6 +79,7 @@ class TrainConfig:
     steps: int = 100
     checkpoint_every: int = 10
     log_rollouts: bool = False  # every step's rollout groups to rollouts.jsonl (forkability analysis)
+    nonfinite_rewards: str = "error"  # a NaN/inf reward stops the run, or drop_group: its group is left out
     reward: str = "sentence_bleu"
     backbone: BackboneConfig = field(default_factory=BackboneConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -95,8 +98,19 @@ def task_examples(task: TaskConfig, split: str | None = None, host: PluginHost |
 
 def load_train_config(path: Path, overrides: Iterable[str] = (), host: PluginHost | None = None) -> TrainConfig:
     """A ``TrainConfig`` from a YAML file and ``a.b=value`` overrides; registered names
-    (backbone, task, estimator, reward) are checked against the plugin registries."""
-    return load_config(TrainConfig, path, overrides, train_validators(host or get_host()))
+    (backbone, task, estimator, reward) are checked against the plugin registries, numbers
+    against their ranges, and the estimator's parameters by building its engine."""
+    host = host or get_host()
+    config = load_config(TrainConfig, path, overrides, train_validators(host))
+    from leaf_plugins.core.engine import Engine
+
+    try:  # the estimator's parameters and stage overrides
+        Engine(config.estimator.name, config.estimator.params, config.estimator.stages, host=host)
+    except LeafError as error:
+        data = load_yaml(path)
+        where = key_location(data, "estimator", str(path)) if "estimator" in data else f"{path}:1:1"
+        raise ConfigError(f"{where}: estimator: {error}") from None
+    return config
 
 
 def train_validators(host: PluginHost, prefix: str = "") -> dict[str, Callable[[Any], str | None]]:
@@ -107,12 +121,14 @@ def train_validators(host: PluginHost, prefix: str = "") -> dict[str, Callable[[
         "task.name": registered(host.tasks),
         "estimator.name": registered(host.estimators),
         "reward": registered(host.rewards),
+        "nonfinite_rewards": lambda value: None if value in NONFINITE_REWARD_POLICIES
+        else f"must be one of {', '.join(NONFINITE_REWARD_POLICIES)}",
         "rollout.surprisal_from": lambda value: None if value in SURPRISAL_SOURCES
         else f"must be one of {', '.join(SURPRISAL_SOURCES)}",
         "optim.loss_aggregation": lambda value: None if value in LOSS_AGGREGATIONS
         else f"must be one of {', '.join(LOSS_AGGREGATIONS)}",
     }
-    return {prefix + key: check for key, check in checks.items()}
+    return {prefix + key: check for key, check in {**RUN_RANGES, **checks}.items()}
 
 
 def registered(registry: Any) -> Callable[[Any], str | None]:

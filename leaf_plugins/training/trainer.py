@@ -29,8 +29,11 @@ from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.tasks.base import Example
 from leaf_plugins.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from leaf_plugins.training.config import TrainConfig
-from leaf_plugins.training.generation_weights import gathered_for_generation
 from leaf_plugins.training.checkpointing import enable_activation_checkpointing
+from leaf_plugins.training.durable import truncate_log
+from leaf_plugins.training.environment import record_environment
+from leaf_plugins.training.finite import bad_reward_prompts, check_update, keep_prompts, scorer_name
+from leaf_plugins.training.generation_weights import gathered_for_generation
 from leaf_plugins.training.lora import attach_lora
 from leaf_plugins.training.loss import PolicyLoss, policy_loss
 from leaf_plugins.training.rollout import Rollout, audio_token_ids, sample_responses
@@ -146,6 +149,8 @@ class Trainer:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         start = self._resume()
         if self.accelerator.is_main_process:
+            record_environment(self.output_dir)
+        if self.accelerator.is_main_process:
             self.accelerator.init_trackers("leaf", config=_flat(asdict(self.config)))
         done: list[dict[str, float]] = []
         progress = tqdm(total=self.config.steps, initial=start, desc="training", unit="step",
@@ -187,6 +192,11 @@ class Trainer:
         with gathered_for_generation(self.model):  # FSDP2: weights gathered once, not per token and layer
             rollout = hook.rollout(context=context)
         rewards = hook.score_rollouts(context=context, rollout=rollout)
+        dropped = bad_reward_prompts(rewards, rollout, examples, step + 1, config.nonfinite_rewards,
+                                     scorer_name(hook, config.reward))
+        if dropped:
+            tqdm.write(f"step {step + 1}: {len(dropped)} group(s) with a non-finite reward dropped")
+            context, rollout, rewards = keep_prompts(context, rollout, rewards, dropped)
         batch = rollout.batch.with_rewards(rewards)
         sampled = time.perf_counter()
         if self.rollout_logger is not None:
@@ -202,6 +212,7 @@ class Trainer:
             "response_tokens_mean": float(batch.lengths.float().mean()),
             "advantage_mean": float(advantages.mean()) if advantages.numel() else 0.0,
             "advantage_abs_mean": float(advantages.abs().mean()) if advantages.numel() else 0.0,
+            "groups_dropped": float(len(dropped)),
             **losses,
             "rollout_seconds": sampled - started,
             "estimator_seconds": estimated - sampled,
@@ -215,6 +226,7 @@ class Trainer:
         self.model.train()
         self.optimizer.zero_grad()
         totals = accumulate_gradients(self, context, rollout, batch, advantages)
+        check_update(self.policy, totals["loss"], self.completed + 1, self.output_dir)
         self.optimizer.step()
         self.completed += 1
         self.model.eval()
@@ -242,14 +254,10 @@ class Trainer:
 
     def _resume(self) -> int:
         found = latest_checkpoint(self.output_dir)
-        if found is None:
-            return 0
-        step = load_checkpoint(found, self.policy, self.optimizer)
-        if self.accelerator.is_main_process:  # drop steps logged after that checkpoint
+        step = 0 if found is None else load_checkpoint(found, self.policy, self.optimizer)
+        if self.accelerator.is_main_process:  # drop steps logged after that checkpoint (and a torn last line)
             for log in (self.output_dir / "metrics.jsonl", self.output_dir / ROLLOUT_LOG):
-                if log.exists():
-                    kept = [line for line in log.read_text().splitlines() if json.loads(line)["step"] <= step]
-                    log.write_text("".join(line + "\n" for line in kept))
+                truncate_log(log, lambda record: record["step"] <= step)
         return step
 
     def _save(self, step: int) -> None:

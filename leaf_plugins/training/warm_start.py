@@ -19,6 +19,8 @@ from tqdm import tqdm
 from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.tasks.base import Example
 from leaf_plugins.training.config import BackboneConfig, TaskConfig
+from leaf_plugins.training.durable import fsync_directory, fsync_tree
+from leaf_plugins.training.ranges import WARM_START_RANGES
 from leaf_plugins.training.rollout import response_logprobs
 
 __all__ = ["WarmStartConfig", "warm_start", "reference_tokens", "load_warm_start_config", "warm_start_validators"]
@@ -48,7 +50,8 @@ def warm_start_validators(host: PluginHost, prefix: str = "") -> dict:
     """The checks of a warm-start config's registered names, keyed by dotted path."""
     from leaf_plugins.training.config import registered
 
-    return {f"{prefix}backbone.name": registered(host.backbones), f"{prefix}task.name": registered(host.tasks)}
+    checks = {"backbone.name": registered(host.backbones), "task.name": registered(host.tasks), **WARM_START_RANGES}
+    return {prefix + key: check for key, check in checks.items()}
 
 
 def reference_tokens(tokenizer, references: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,7 +105,9 @@ def warm_start(config: WarmStartConfig, examples: Sequence[Example], host: Plugi
     model.save_pretrained(partial)
     loaded.processor.save_pretrained(partial)
     loaded.tokenizer.save_pretrained(partial)
+    fsync_tree(partial)
     partial.rename(target)
+    fsync_directory(output)
     return target
 
 

@@ -1,0 +1,49 @@
+"""A directory holds the output of one configuration: a JSON record of its settings is
+written on first use, and any later use with other settings is an error naming the
+settings that differ (never a silent reuse)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from leaf_plugins.core.errors import ConfigError
+
+__all__ = ["claim", "differences"]
+
+
+def claim(directory: Path, record: str, settings: Any, what: str, write: bool = True) -> None:
+    """Check that ``directory`` holds ``what`` (``"a run"``) made with ``settings`` (a
+    JSON-able value, non-JSON leaves turned into strings) and record them there when it
+    is new. A directory with files but no ``record`` is an error too (hidden files, such
+    as a lock, do not count).
+
+    :param write: record the settings (False on the non-main processes of a launch).
+    """
+    wanted = json.loads(json.dumps(settings, default=str))
+    path = Path(directory) / record
+    if path.exists():
+        held = json.loads(path.read_text())
+        if held != wanted:
+            changed = sorted(differences(held, wanted))
+            raise ConfigError(f"{directory} holds {what} with other settings ({', '.join(changed)}): delete it "
+                              f"or give the study another output_dir")
+    elif Path(directory).exists() and any(not p.name.startswith(".") for p in Path(directory).iterdir()):
+        raise ConfigError(f"{directory} holds files of {what} with unknown settings (no {record}): delete it "
+                          f"or give the study another output_dir")
+    elif write:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(wanted, indent=1))
+
+
+def differences(held: dict, wanted: dict, prefix: str = "") -> list[str]:
+    """``"a.b: old -> new"`` for every dotted key whose value differs."""
+    out = []
+    for key in set(held) | set(wanted):
+        a, b = held.get(key), wanted.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return out

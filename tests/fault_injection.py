@@ -1,0 +1,168 @@
+"""SIGKILL at chosen instants of ``leaf train`` / ``leaf study``: a process (forked from
+a fork server that imported the package once) patches one function so that its n-th
+call kills the process, as ``kill -9`` would, then runs the command.
+
+A kill point is ``(name, n)``: the process dies at the n-th time it reaches ``name``.
+"""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+import os
+import signal
+from typing import Any, Callable
+
+POINTS: dict[str, str] = {
+    "sampling": "inside generate, at a token draw (torch.multinomial)",
+    "scoring": "after generation, before the rewards are scored",
+    "estimate": "before the estimator runs",
+    "backward": "in the update, before a micro-batch's backward",
+    "optimizer.step": "right after the optimizer stepped (weights changed, step not yet logged)",
+    "metrics.write": "half-way through writing a metrics.jsonl line (a torn line)",
+    "rollouts.write": "half-way through writing a rollouts.jsonl line (a torn line)",
+    "checkpoint.adapter": "checkpoint write: adapter saved, optimizer state not yet",
+    "checkpoint.rename": "checkpoint write: fsynced, not yet renamed to checkpoint-N",
+    "checkpoint.prune": "checkpoint write: renamed, older checkpoint not yet deleted",
+    "log.rewrite": "resume: a log's truncated copy written, not yet renamed over it",
+    "evaluate": "study: a run trained, its held-out evaluation not yet written",
+}
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _countdown(n: int) -> Callable[[], bool]:
+    left = [n]
+
+    def reached() -> bool:
+        left[0] -= 1
+        return left[0] == 0
+
+    return reached
+
+
+def _patch(owner: Any, attribute: str, make: Callable[[Callable], Callable]) -> None:
+    setattr(owner, attribute, make(getattr(owner, attribute)))
+
+
+def _arm(point: str, n: int) -> None:
+    """Patch the function of ``point`` so that its n-th call kills the process."""
+    import torch
+
+    from leaf_plugins.analysis import rollout_log
+    from leaf_plugins.core import engine
+    from leaf_plugins.studies import runner
+    from leaf_plugins.training import checkpoint, durable, trainer
+
+    reached = _countdown(n)
+
+    def before(original: Callable) -> Callable:
+        @functools.wraps(original)  # keeps pluggy's hookimpl marker
+        def call(*args, **kwargs):
+            if reached():
+                _die()
+            return original(*args, **kwargs)
+        return call
+
+    def after(original: Callable) -> Callable:
+        @functools.wraps(original)
+        def call(*args, **kwargs):
+            value = original(*args, **kwargs)
+            if reached():
+                _die()
+            return value
+        return call
+
+    if point == "sampling":
+        _patch(torch, "multinomial", before)
+    elif point == "scoring":
+        _patch(trainer.DefaultStages, "score_rollouts", before)
+    elif point == "estimate":
+        _patch(engine.Engine, "estimate", before)
+    elif point == "backward":
+        from accelerate import Accelerator
+        _patch(Accelerator, "backward", before)
+    elif point == "optimizer.step":
+        _patch(torch.optim.Adam, "step", after)
+    elif point == "metrics.write":
+        def log(original: Callable) -> Callable:
+            def call(self, step, metrics):
+                if reached():
+                    import json
+                    line = json.dumps({"step": step, **metrics}) + "\n"
+                    with (self.output_dir / "metrics.jsonl").open("a") as handle:
+                        handle.write(line[: len(line) // 2])
+                    _die()
+                return original(self, step, metrics)
+            return call
+        _patch(trainer.Trainer, "_log", log)
+    elif point == "rollouts.write":
+        def write(original: Callable) -> Callable:
+            def call(handle, groups):
+                groups = list(groups)
+                if groups and reached():
+                    import json
+                    line = json.dumps(groups[0].record(), separators=(",", ":")) + "\n"
+                    handle.write(line[: len(line) // 2])
+                    handle.flush()
+                    _die()
+                return original(handle, groups)
+            return call
+        _patch(rollout_log, "write_groups", write)
+    elif point == "checkpoint.adapter":
+        _patch(checkpoint.torch, "save", before)
+    elif point == "checkpoint.rename":
+        _patch(checkpoint, "fsync_tree", after)
+    elif point == "checkpoint.prune":
+        def prune(original: Callable) -> Callable:
+            def call(path, *args, **kwargs):
+                if os.path.basename(str(path)).startswith("checkpoint-") and reached():
+                    _die()
+                return original(path, *args, **kwargs)
+            return call
+        _patch(checkpoint.shutil, "rmtree", prune)
+    elif point == "log.rewrite":
+        _patch(durable.os, "replace", before)
+    elif point == "evaluate":
+        _patch(runner, "_evaluate", before)
+    else:
+        raise ValueError(f"unknown kill point {point!r}; known: {', '.join(POINTS)}")
+
+
+def _command(argv: list[str], point: str | None, n: int) -> None:
+    import warnings
+
+    from leaf_plugins.cli import main
+
+    warnings.simplefilter("ignore")
+    if point is not None:
+        _arm(point, n)
+    code = main(argv)
+    os._exit(code)
+
+
+_CONTEXT: Any = None
+
+
+def _context() -> Any:
+    global _CONTEXT
+    if _CONTEXT is None:
+        _CONTEXT = multiprocessing.get_context("forkserver")
+        _CONTEXT.set_forkserver_preload(["leaf_plugins.cli", "leaf_plugins.training.trainer",
+                                         "leaf_plugins.studies.runner", __name__])
+    return _CONTEXT
+
+
+def run_leaf(argv: list[str], point: str | None = None, n: int = 1, timeout: float = 600) -> int:
+    """Run ``leaf ARGV`` in a fresh process, killed with SIGKILL at the n-th time it
+    reaches ``point`` (None: not killed); its exit code (``-9`` when killed)."""
+    process = _context().Process(target=_command, args=(argv, point, n))
+    process.start()
+    process.join(timeout)
+    if process.exitcode is None:
+        process.kill()
+        process.join()
+        raise TimeoutError(f"leaf {' '.join(argv)} did not finish in {timeout} s")
+    return process.exitcode
