@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import leaf_plugins as lp
+from leaf_plugins.core.errors import NonFiniteError
 from estimator_cases import group_seeds, random_groups
 from reference_otb import PolicyResponse, otb, otb_groups, path_weights
 
@@ -293,16 +294,14 @@ def test_sum_pi_squared_below_the_sampled_tokens_square_is_refused():
 def test_a_non_finite_policy_value_is_named(field, row, position):
     values = {"logprobs": [[-0.5, -0.1], [-0.2]], "sum_pi_squared": [[0.6, 0.9], [0.7]]}
     values[field][row][position] = float("nan")
-    batch = lp.RolloutBatch.from_lists([[1, 2], [3]], [1.0, 0.0], [0, 0], **values)
-    with pytest.raises(lp.ConfigError, match=rf"{field}\[{row}, {position}\] = nan is not finite"):
-        lp.estimate(batch, "otb")
+    with pytest.raises(NonFiniteError, match=rf"{field} of response {row} \(group id 0, token {position}\) is nan"):
+        lp.RolloutBatch.from_lists([[1, 2], [3]], [1.0, 0.0], [0, 0], **values)
 
 
 def test_a_non_finite_reward_is_named():
-    batch = lp.RolloutBatch.from_lists([[1], [2]], [1.0, float("inf")], [0, 0], logprobs=[[-0.5], [-0.5]],
-                                       sum_pi_squared=[[0.5], [0.5]])
-    with pytest.raises(lp.ConfigError, match=r"rewards\[1\] = inf is not finite"):
-        lp.estimate(batch, "otb")
+    with pytest.raises(NonFiniteError, match=r"rewards of response 1 \(group id 0\) is inf"):
+        lp.RolloutBatch.from_lists([[1], [2]], [1.0, float("inf")], [0, 0], logprobs=[[-0.5], [-0.5]],
+                                   sum_pi_squared=[[0.5], [0.5]])
 
 
 def test_otb_takes_no_parameters():
@@ -335,8 +334,7 @@ def test_finite_junk_on_padding_is_never_read_and_a_nan_there_is_named():
     row = int(batch.lengths.argmin())
     logprobs = batch.logprobs.clone()
     logprobs[row, batch.width - 1] = float("nan")
-    poisoned = lp.RolloutBatch(batch.tokens, batch.lengths, batch.group_ids, batch.rewards,
-                               logprobs=logprobs, sum_pi_squared=batch.sum_pi_squared)
     assert int(batch.lengths[row]) < batch.width  # the NaN sits on padding
-    with pytest.raises(lp.ConfigError, match=r"logprobs\[\d+, \d+\] = nan is not finite \(padding must hold"):
-        lp.estimate(poisoned, "otb")
+    with pytest.raises(NonFiniteError, match=r"logprobs of response \d+ \(group id \d+, token \d+\) is nan"):
+        lp.RolloutBatch(batch.tokens, batch.lengths, batch.group_ids, batch.rewards,
+                        logprobs=logprobs, sum_pi_squared=batch.sum_pi_squared)
