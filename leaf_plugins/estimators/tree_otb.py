@@ -53,8 +53,9 @@ class TreeOTB(TreeRLOO):
             layout = batch.groups
             real = real_tokens(batch)  # [N, T] float32 1.0 / 0.0
             weights = token_weights(batch, real, dtype=torch.float64)  # [N, T] w, 0 on padding (scratch)
-            kind, ratios = value_ratios(batch, weights)  # [N, T] int64 (group, kind) slot, [G · kinds]
-            floor = per_response(_other_groups_floor(batch), layout)  # [N]
+            lowest = _other_groups_floor(batch)  # [G] f
+            kind, ratios = value_ratios(batch, weights, lowest)  # [N, T] int64 (group, kind) slot, [G · kinds]
+            floor = per_response(lowest, layout)  # [N]
             scale = per_response(group_scale(batch, params), layout)  # [N]
             # A = (1 − share) · ((r − f) − κ (V̂ − f)) / c: the per-response and per-segment
             # parts first, then three [N, T] passes
@@ -70,8 +71,9 @@ class TreeOTB(TreeRLOO):
         return result.clone()
 
 
-def value_ratios(batch: RolloutBatch, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """κ of every (group, kind of state) from the other groups (see the module): the
+def value_ratios(batch: RolloutBatch, weights: torch.Tensor, floor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """κ of every (group, kind of state) from the other groups (see the module), measured
+    from each group's ``floor [G]``: the
     ``[N, T]`` int64 slot ``group · kinds + kind`` of every token and the ``[G · kinds]``
     float64 table of ratios.
 
@@ -91,7 +93,7 @@ def value_ratios(batch: RolloutBatch, weights: torch.Tensor) -> tuple[torch.Tens
     mean = per_response(group_mean(batch.rewards.double(), layout), layout).unsqueeze(1)
     sums = torch.stack([group_sum(per_response_weight * term, layout) for term in (rewards, mean, 1.0)])  # [3, G, k]
     others = sums.sum(dim=1, keepdim=True) - sums  # every group but this one
-    lowest = _other_groups_floor(batch).unsqueeze(1)  # [G, 1]
+    lowest = floor.unsqueeze(1)  # [G, 1]
     above = others[0] - lowest * others[2]  # Σ w (r − f)
     below = others[1] - lowest * others[2]  # Σ w (r̄ − f)
     ratio = torch.where(below > 1e-12 * others[2].clamp(min=1e-300), above / below.clamp(min=1e-300), 1.0)
