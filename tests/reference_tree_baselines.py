@@ -46,7 +46,8 @@ def token_values(group: list[Response], i: int, nodes, shrink: float) -> list[fl
 def group_scale(group: list[Response], scale: str, std_floor: float, eps: float) -> float:
     if scale == "none":
         return 1.0
-    return max(sample_std([r.reward for r in group]), std_floor) + eps
+    spread = max(sample_std([r.reward for r in group]), std_floor)
+    return spread + eps if spread > 0 else math.inf  # an all-equal group: advantages 0
 
 
 def tree_nodes(group, fork_budget, min_group, horizon):
@@ -86,7 +87,7 @@ def kappas(groups: list[list[Response]], g: int) -> tuple[float, list[float]]:
 
 
 def tree_otb(groups: list[list[Response]], fork_budget=2, min_group=2, horizon="shortest", shrink=4.0,
-             scale="group_std", std_floor=0.0, eps=1e-6, own_share=True) -> list[list[list[float]]]:
+             scale="none", std_floor=0.0, eps=1e-6, own_share=True) -> list[list[list[float]]]:
     """Advantages of every group of one batch (κ reads the other groups)."""
     out = []
     for g, group in enumerate(groups):

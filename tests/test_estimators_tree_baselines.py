@@ -195,6 +195,24 @@ def test_a_response_alone_and_an_all_equal_group(name):
     assert bool((lp.estimate(batch, "tree_rloo").advantages[2:] == 0).all()), "all-equal group: 0"
 
 
+def test_tree_otb_all_equal_group_under_group_std_gets_zero_not_a_blowup():
+    """Group 1 (rewards .5, .5) has no spread. Its baseline is measured from group 0's
+    floor f = .2 (not its own mean), so with κ = 0 (group 0's response with the rare token
+    π = .1 scored .2 = f, the other has no weight) its unscaled advantage is r − f = .3 on
+    every token. Divided by GRPO's std + eps that would be .3 / 1e-6; under ``group_std``
+    an all-equal group gets 0, as in GRPO, and ``scale: none`` keeps the .3."""
+    batch = lp.RolloutBatch.from_lists(
+        [[1], [2], [1], [2]], [0.2, 0.9, 0.5, 0.5], [0, 0, 1, 1], surprisal=[[1]] * 4,
+        logprobs=[[math.log(0.1)], [0.0], [math.log(0.99)], [math.log(0.99)]],
+        sum_pi_squared=[[0.9802], [1.0], [0.9802], [0.9802]],
+    )
+    unscaled = lp.estimate(batch, "tree_otb", own_share=False, fork_budget=0).advantages
+    assert unscaled[2:, 0].tolist() == pytest.approx([0.3, 0.3], abs=1e-6)
+    scaled = lp.estimate(batch, "tree_otb", own_share=False, fork_budget=0, scale="group_std").advantages
+    assert scaled[2:].abs().max().item() == 0.0
+    assert scaled[0, 0].item() == pytest.approx(unscaled[0, 0].item() / (0.7 / math.sqrt(2) + 1e-6), rel=1e-5)
+
+
 @settings(max_examples=15, deadline=None)
 @given(seed=group_seeds)
 def test_permutation_shift_and_scale(seed):
@@ -242,7 +260,8 @@ def test_parameters_are_validated_with_suggestions():
         lp.Engine("tree_otb", {"own_share": "yes"})
     with pytest.raises(ConfigError, match="has no parameter 'own_share'"):
         lp.Engine("tree_rloo", {"own_share": True})
-    assert lp.Engine("tree_otb").params.scale == "group_std" == lp.Engine("tree_rloo").params.scale
+    assert lp.Engine("tree_otb").params.scale == "none" and lp.Engine("tree_rloo").params.scale == "group_std"
+    assert lp.Engine("tree_otb", {"scale": "group_std"}).params.scale == "group_std"
 
 
 BIAS_TASK = Regime(name="small", horizon=8, vocab=3, decisions=(2, 5), group_size=6, peak_logit=3.0,

@@ -50,7 +50,9 @@ class Engine:
         for index, observer in enumerate(observers):
             self.manager.register(observer, name=f"observer:{index}:{type(observer).__name__}")
         self.manager.check_pending()
-        self.params = EstimatorParams.for_estimator(estimator, sorted(accepted), dict(params or {}))
+        self.params = EstimatorParams.for_estimator(
+            estimator, sorted(accepted), dict(params or {}), getattr(main, "defaults", None)
+        )
 
     def estimate(self, batch: RolloutBatch) -> EstimateResult:
         """Boundaries, nodes and advantages of ``batch`` through the estimator's stages.

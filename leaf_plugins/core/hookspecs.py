@@ -53,8 +53,9 @@ class LeafSpecs:
             estimator is an object whose ``hookimpl`` methods implement some of the stage
             hooks ``select_boundaries``, ``retain_nodes`` and ``compute_advantages``; it
             has a ``parameters`` attribute, the set of ``EstimatorParams`` field names it
-            reads (any other parameter passed to it is an error), and a docstring whose
-            first line describes it in ``leaf plugins``.
+            reads (any other parameter passed to it is an error), optionally a
+            ``defaults`` dict of its own default values for some of them, and a
+            docstring whose first line describes it in ``leaf plugins``.
         """
 
     @hookspec

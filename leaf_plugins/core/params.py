@@ -69,8 +69,11 @@ class EstimatorParams:
         return tuple(f.name for f in fields(cls))
 
     @classmethod
-    def for_estimator(cls, estimator: str, accepted: Iterable[str], values: dict[str, Any]) -> "EstimatorParams":
-        """Validate ``values`` for an estimator that reads the ``accepted`` names."""
+    def for_estimator(
+        cls, estimator: str, accepted: Iterable[str], values: dict[str, Any], defaults: dict[str, Any] | None = None
+    ) -> "EstimatorParams":
+        """Validate ``values`` for an estimator that reads the ``accepted`` names, over the
+        estimator's own ``defaults`` where it has any."""
         accepted = tuple(accepted)
         unknown = [key for key in values if key not in accepted]
         if unknown:
@@ -79,4 +82,4 @@ class EstimatorParams:
                 f"estimator {estimator!r} has no parameter {key!r}.{suggest(key, accepted)} "
                 f"Its parameters: {', '.join(accepted) or '(none)'}"
             )
-        return cls(**values)
+        return cls(**{**(defaults or {}), **values})

@@ -45,6 +45,7 @@ class TreeOTB(TreeRLOO):
     """Tree OTB: prefix leave-one-out values scaled to the variance-optimal baseline."""
 
     parameters = TreeRLOO.parameters | {"own_share"}
+    defaults = {"scale": "none"}
 
     @hookimpl
     def compute_advantages(self, batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) -> torch.Tensor:

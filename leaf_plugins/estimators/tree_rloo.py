@@ -31,11 +31,16 @@ class TreeRLOO(LEAF):
 
 def group_scale(batch: RolloutBatch, params: EstimatorParams) -> torch.Tensor:
     """``[G]`` float64 divisor of the advantages: GRPO's ``max(std, std_floor) + eps``
-    (sample std of the group's rewards) for ``scale="group_std"``, 1 for ``"none"``."""
+    (sample std of the group's rewards) for ``scale="group_std"``, 1 for ``"none"``.
+
+    Where ``max(std, std_floor)`` is 0 (an all-equal group) the divisor is ``inf``: the
+    group's advantages are 0, as GRPO's, not ``(r − b) / eps`` for a baseline ``b`` that
+    is not the group's mean (``tree_otb``'s)."""
     if params.scale == "none":
         return torch.ones(batch.groups.count, dtype=torch.float64, device=batch.device)
     rewards = batch.rewards.double()
-    return group_std(rewards, batch.groups, root_values(batch).double()).clamp(min=params.std_floor) + params.eps
+    spread = group_std(rewards, batch.groups, root_values(batch).double()).clamp(min=params.std_floor)  # [G]
+    return torch.where(spread > 0, spread + params.eps, torch.inf)
 
 
 @hookimpl
