@@ -35,7 +35,7 @@ from leaf_plugins.estimators.tree_baselines import path_baselines
 from leaf_plugins.estimators.tree_rloo import TreeRLOO, group_scale
 from leaf_plugins.estimators.otb import real_tokens, token_weights
 
-__all__ = ["TreeOTB", "KAPPA_EDGES", "value_ratios"]
+__all__ = ["TreeOTB", "KAPPA_EDGES", "value_ratios", "state_kinds"]
 
 KAPPA_EDGES = (1e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3)
 """Bin edges on a state's ``1 − Σπ²``: near-deterministic states first, decisions last."""
@@ -55,7 +55,7 @@ class TreeOTB(TreeRLOO):
             real = real_tokens(batch)  # [N, T] float32 1.0 / 0.0
             weights = token_weights(batch, real, dtype=torch.float64)  # [N, T] w, 0 on padding (scratch)
             lowest = _other_groups_floor(batch)  # [G] f
-            kind, ratios = value_ratios(batch, weights, lowest)  # [N, T] int64 (group, kind) slot, [G · kinds]
+            kind, ratios = value_ratios(batch, weights, lowest)  # [N, T] int64 kind, [N, kinds] κ
             floor = per_response(lowest, layout)  # [N]
             scale = per_response(group_scale(batch, params), layout)  # [N]
             # A = (1 − share) · ((r − f) − κ (V̂ − f)) / c: the per-response and per-segment
@@ -63,9 +63,9 @@ class TreeOTB(TreeRLOO):
             above = ((batch.rewards.double() - floor) / scale).float().unsqueeze(1)  # [N, 1]
             spread = ((baselines.values - floor.unsqueeze(1)) / scale.unsqueeze(1)).float()  # [N, D+1]
             advantage = baselines.paint(spread, batch.width)  # [N, T] float32 (V̂ − f) / c
-            advantage.mul_(ratios.float().take(kind)).neg_().add_(above)
+            advantage.mul_(ratios.gather(1, kind)).neg_().add_(above)
             if params.own_share:
-                advantage.mul_(1 - _own_share(batch, weights))
+                advantage.mul_(1 - _own_share(batch, weights, real))
             elif layout.count:  # a response alone has no other to learn from: 0, as with its own share
                 advantage.mul_((per_response(layout.sizes, layout) > 1).unsqueeze(1))
             result = advantage.mul_(real)
@@ -74,22 +74,18 @@ class TreeOTB(TreeRLOO):
 
 def value_ratios(batch: RolloutBatch, weights: torch.Tensor, floor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """κ of every (group, kind of state) from the other groups (see the module), measured
-    from each group's ``floor [G]``: the
-    ``[N, T]`` int64 slot ``group · kinds + kind`` of every token and the ``[G · kinds]``
-    float64 table of ratios.
+    from each group's ``floor [G]``: the ``[N, T]`` int64 kind of every token's state and
+    the ``[N, kinds]`` float32 ratios of each response's group, so that a token's κ is
+    ``ratios.gather(1, kind)``.
 
     Rewards are constant along a response, so each response's weight per kind,
     ``Σ_t w [kind]`` ``[N, kinds]``, is all the ``[N, T]`` data needed.
     """
     layout = batch.groups
-    assert batch.sum_pi_squared is not None
+    kind = state_kinds(batch)  # [N, T]
     kinds = len(KAPPA_EDGES) + 1
-    edges = torch.tensor(KAPPA_EDGES, dtype=torch.float32, device=batch.device)
-    kind = torch.bucketize(1 - batch.sum_pi_squared, edges)  # [N, T]
-    row = torch.arange(batch.size, device=batch.device).unsqueeze(1) * kinds  # [N, 1]
-    per_response_weight = torch.zeros(batch.size * kinds, dtype=torch.float64, device=batch.device)
-    per_response_weight.index_add_(0, (row + kind).view(-1), weights.view(-1))
-    per_response_weight = per_response_weight.view(batch.size, kinds)  # [N, kinds]
+    per_response_weight = torch.zeros(batch.size, kinds, dtype=torch.float64, device=batch.device)
+    per_response_weight.scatter_add_(1, kind, weights)  # [N, kinds] Σ_t w per kind
     rewards = batch.rewards.double().unsqueeze(1)  # [N, 1]
     mean = per_response(group_mean(batch.rewards.double(), layout), layout).unsqueeze(1)
     sums = torch.stack([group_sum(per_response_weight * term, layout) for term in (rewards, mean, 1.0)])  # [3, G, k]
@@ -97,9 +93,21 @@ def value_ratios(batch: RolloutBatch, weights: torch.Tensor, floor: torch.Tensor
     lowest = floor.unsqueeze(1)  # [G, 1]
     above = others[0] - lowest * others[2]  # Σ w (r − f)
     below = others[1] - lowest * others[2]  # Σ w (r̄ − f)
-    ratio = torch.where(below > 1e-12 * others[2].clamp(min=1e-300), above / below.clamp(min=1e-300), 1.0)
-    group_row = per_response(torch.arange(layout.count, device=batch.device) * kinds, layout).unsqueeze(1)
-    return kind.add_(group_row), ratio.view(-1)
+    ratio = torch.where(below > 1e-12 * others[2].clamp(min=1e-300), above / below.clamp(min=1e-300), 1.0)  # [G, k]
+    return kind, per_response(ratio.float(), layout)
+
+
+def state_kinds(batch: RolloutBatch) -> torch.Tensor:
+    """``[N, T]`` int64 bin of each token's ``1 − Σπ²`` among ``KAPPA_EDGES`` (``torch.bucketize``'s
+    bins: ``edge[k−1] < x ≤ edge[k]``), counted as the edges below it: one comparison per
+    edge is 2–3× faster than a binary search per token on CPU."""
+    assert batch.sum_pi_squared is not None
+    spread = 1 - batch.sum_pi_squared  # [N, T] float32
+    count = torch.zeros(spread.shape, dtype=torch.uint8, device=batch.device)
+    above = torch.empty(spread.shape, dtype=torch.bool, device=batch.device)
+    for edge in torch.tensor(KAPPA_EDGES, dtype=spread.dtype, device=batch.device):
+        count.add_(torch.gt(spread, edge, out=above).view(torch.uint8))  # same bytes: no conversion
+    return count.long()
 
 
 def _other_groups_floor(batch: RolloutBatch) -> torch.Tensor:
@@ -113,10 +121,10 @@ def _other_groups_floor(batch: RolloutBatch) -> torch.Tensor:
     return torch.where(torch.arange(layout.count, device=batch.device) == two.indices[0], two.values[1], two.values[0])
 
 
-def _own_share(batch: RolloutBatch, weights: torch.Tensor) -> torch.Tensor:
+def _own_share(batch: RolloutBatch, weights: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     """``[N, T]`` float32 W_i,t / Σ_j W_j,t over the group's responses running at t (W the
-    cumulative weights; ``weights`` is overwritten with them)."""
-    cumulative = weights.cumsum_(dim=1).mul_(batch.mask).float()  # [N, T]
+    cumulative weights; ``weights`` is overwritten with them; ``real`` the float32 mask)."""
+    cumulative = weights.cumsum_(dim=1).float().mul_(real)  # [N, T] (same-dtype product: the fast path)
     total = per_response(group_sum(cumulative, batch.groups), batch.groups)  # [N, T]
     return cumulative.div_(total.clamp_(min=1e-30))
 
