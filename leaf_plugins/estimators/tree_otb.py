@@ -65,7 +65,7 @@ class TreeOTB(TreeRLOO):
             advantage = baselines.paint(spread, batch.width)  # [N, T] float32 (V̂ − f) / c
             advantage.mul_(ratios.gather(1, kind)).neg_().add_(above)
             if params.own_share:
-                advantage.mul_(1 - _own_share(batch, weights, real))
+                advantage.mul_(_others_share(batch, weights, real))
             elif layout.count:  # a response alone has no other to learn from: 0, as with its own share
                 advantage.mul_((per_response(layout.sizes, layout) > 1).unsqueeze(1))
             result = advantage.mul_(real)
@@ -121,12 +121,18 @@ def _other_groups_floor(batch: RolloutBatch) -> torch.Tensor:
     return torch.where(torch.arange(layout.count, device=batch.device) == two.indices[0], two.values[1], two.values[0])
 
 
-def _own_share(batch: RolloutBatch, weights: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
-    """``[N, T]`` float32 W_i,t / Σ_j W_j,t over the group's responses running at t (W the
-    cumulative weights; ``weights`` is overwritten with them; ``real`` the float32 mask)."""
+def _others_share(batch: RolloutBatch, weights: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """``[N, T]`` float32 ``1 − W_i,t / Σ_j W_j,t`` over the group's responses running at t
+    (W the cumulative weights; ``weights`` is overwritten with them; ``real`` the float32
+    mask)."""
+    layout = batch.groups
     cumulative = weights.cumsum_(dim=1).float().mul_(real)  # [N, T] (same-dtype product: the fast path)
-    total = per_response(group_sum(cumulative, batch.groups), batch.groups)  # [N, T]
-    return cumulative.div_(total.clamp_(min=1e-30))
+    total = group_sum(cumulative, layout).clamp_(min=1e-30)  # [G, T]
+    if layout.uniform_size:  # broadcast over each group's K rows instead of copying [G, T] to [N, T]
+        cumulative.view(layout.count, layout.uniform_size, -1).div_(total.unsqueeze(1))
+    else:
+        cumulative.div_(per_response(total, layout))
+    return cumulative.neg_().add_(1)
 
 
 @hookimpl
