@@ -50,6 +50,35 @@ def group_scale(group: list[Response], scale: str, std_floor: float, eps: float)
     return spread + eps if spread > 0 else math.inf  # an all-equal group: advantages 0
 
 
+def auto_shrinks(groups: list[list[Response]], nodes_per_group, fallback: float = 4.0) -> list[float]:
+    """``shrink: auto``: each group's prior weight ``σ² / τ²`` from the other groups' nodes
+    (docs/estimators.md), one node at a time."""
+    stats = []
+    for group, nodes in zip(groups, nodes_per_group):
+        within = dof = squares = noise = count = 0.0
+        for position, members, _ in nodes:
+            rewards = [group[k].reward for k in members]
+            earlier = [n for n in nodes if n[0] < position and members[0] in n[1]]
+            parent = [group[k].reward for k in max(earlier, key=lambda n: n[0])[1]] if earlier \
+                else [r.reward for r in group]
+            within += sum((r - mean(rewards)) ** 2 for r in rewards)
+            dof += len(rewards) - 1
+            squares += (mean(rewards) - mean(parent)) ** 2
+            noise += 1 / len(rewards) - 1 / len(parent)
+            count += 1
+        stats.append((within, dof, squares, noise, count))
+    out = []
+    for g in range(len(groups)):
+        within, dof, squares, noise, count = [sum(s[k] for h, s in enumerate(stats) if h != g) for k in range(5)]
+        sigma2 = within / dof if dof > 0 else 0.0
+        if len(groups) < 2 or count == 0 or sigma2 <= 0:
+            out.append(fallback)
+            continue
+        tau2 = max(0.0, (squares - sigma2 * noise) / count)
+        out.append(min(sigma2 / tau2, 1e6) if tau2 > 0 else 1e6)
+    return out
+
+
 def tree_nodes(group, fork_budget, min_group, horizon):
     return boundary_nodes(group, leaf_boundaries(group, fork_budget, horizon), min_group)
 
@@ -90,8 +119,10 @@ def tree_otb(groups: list[list[Response]], fork_budget=2, min_group=2, horizon="
              scale="none", std_floor=0.0, eps=1e-6, own_share=True) -> list[list[list[float]]]:
     """Advantages of every group of one batch (κ reads the other groups)."""
     out = []
+    every_nodes = [tree_nodes(group, fork_budget, min_group, horizon) for group in groups]
+    shrinks = auto_shrinks(groups, every_nodes) if shrink == "auto" else [shrink] * len(groups)
     for g, group in enumerate(groups):
-        nodes = tree_nodes(group, fork_budget, min_group, horizon)
+        nodes, shrink = every_nodes[g], shrinks[g]
         floor, kappa = kappas(groups, g)
         c = group_scale(group, scale, std_floor, eps)
         cumulative = [[sum(weight(r, u) for u in range(t + 1)) for t in range(len(r.tokens))] for r in group]

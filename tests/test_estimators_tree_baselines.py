@@ -72,6 +72,7 @@ TREE_RLOO_GRID = [
 TREE_OTB_GRID = [
     {"fork_budget": 2}, {"own_share": False}, {"shrink": 0.0, "scale": "none"},
     {"fork_budget": 4, "min_group": 3, "horizon": "each", "own_share": False, "shrink": 2.0},
+    {"shrink": "auto"}, {"shrink": "auto", "fork_budget": 4, "horizon": "each", "own_share": False},
 ]
 
 
@@ -83,6 +84,35 @@ def test_tree_rloo_matches_the_reference(seed):
     for params in TREE_RLOO_GRID:
         expected = [reference.tree_rloo(group, **params) for group in groups]
         assert_rows(lp.estimate(batch, "tree_rloo", **params).advantages, where, expected, f"tree_rloo {params}")
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=group_seeds)
+def test_tree_rloo_with_learnt_shrinkage_matches_the_reference(seed):
+    groups = policy_groups(seed, max_groups=4)
+    batch, where = batch_of(groups, shuffle_seed=seed)
+    shrinks = reference.auto_shrinks(groups, [reference.tree_nodes(group, 2, 2, "shortest") for group in groups])
+    expected = [reference.tree_rloo(group, shrink=s, scale="none") for group, s in zip(groups, shrinks)]
+    assert_rows(lp.estimate(batch, "tree_rloo", shrink="auto", scale="none").advantages, where, expected, "auto")
+
+
+def test_learnt_shrinkage_by_hand():
+    """Two groups of 4 with one node each at position 1 (B = 1; responses 0–2 share their
+    first token, response 3 does not). Group 0 rewards (1, 1, 0, 0): node mean 2/3,
+    within-node squares 2·(1/3)² + (2/3)² = 2/3 on 2 degrees of freedom, parent (group)
+    mean 1/2, noise share 1/3 − 1/4 = 1/12. Group 1 learns from group 0 alone:
+    σ² = 1/3, τ² = (1/6)² − (1/3)(1/12) = 0, so s = 10⁶ (the node says nothing beyond
+    the group). Group 1 rewards (1, 1, 1, 0): node mean 1, no within spread (σ² = 0 for
+    group 0, which learns from group 1 alone), so group 0 keeps the fallback s = 4."""
+    tokens = [[1, 2], [1, 3], [1, 4], [5, 6]] * 2
+    batch = lp.RolloutBatch.from_lists(tokens, [1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0], [0] * 4 + [1] * 4,
+                                       surprisal=[[0.0, 1.0]] * 8)
+    got = lp.estimate(batch, "tree_rloo", fork_budget=1, shrink="auto", scale="none").advantages
+    # group 0, response 0, token 1 (in the node): others in the node (1, 0), s = 4 toward
+    # the root LOO value (1 + 0 + 0)/3: V̂ = (1 + 4/3) / (2 + 4) = 7/18
+    assert got[0, 1].item() == pytest.approx(1 - 7 / 18, abs=1e-6)
+    # group 1, response 0: s = 10⁶ keeps the root LOO value (1 + 1 + 0)/3 in the node
+    assert got[4, 1].item() == pytest.approx(1 - 2 / 3, abs=1e-5)
 
 
 @settings(max_examples=25, deadline=None)
@@ -252,6 +282,8 @@ def test_tree_otb_names_a_missing_policy_field(missing):
 
 
 def test_parameters_are_validated_with_suggestions():
+    with pytest.raises(ConfigError, match="shrink must be a finite number >= 0 or 'auto'"):
+        lp.Engine("tree_rloo", {"shrink": "automatic"})
     with pytest.raises(ConfigError, match="shrink must be a finite number >= 0"):
         lp.Engine("tree_rloo", {"shrink": -1.0})
     with pytest.raises(ConfigError, match="Did you mean 'group_std'"):

@@ -25,7 +25,8 @@ class EstimatorParams:
     (GA only) or ``local`` (LA only). ``normalize``: ``none``, ``span``, ``token`` or
     ``batch``. ``std_floor`` and ``eps`` are GRPO's standard-deviation floor and epsilon.
     ``shrink`` is the prior weight (in responses) that pulls a small node's leave-one-out
-    value toward its parent's (``tree_rloo``, ``tree_otb``); ``scale`` divides their
+    value toward its parent's (``tree_rloo``, ``tree_otb``), or ``"auto"``: learnt per
+    group from the other groups' nodes (empirical Bayes, ``node_shrinkage``); ``scale`` divides their
     advantages by the group's reward std (``group_std``, as GRPO) or not (``none``);
     ``own_share`` lets ``tree_otb`` weigh the response's own return in its baseline by its
     share of the path-variance weights, as verl's OTB does (biased, lower variance).
@@ -38,7 +39,7 @@ class EstimatorParams:
     normalize: str = "span"
     std_floor: float = 0.0
     eps: float = 1e-6
-    shrink: float = 4.0
+    shrink: float | str = 4.0
     scale: str = "group_std"
     own_share: bool = True
 
@@ -56,8 +57,10 @@ class EstimatorParams:
             problems.append(f"std_floor must be a number >= 0, got {self.std_floor!r}")
         if not isinstance(self.eps, (int, float)) or self.eps <= 0:
             problems.append(f"eps must be a number > 0, got {self.eps!r}")
-        if isinstance(self.shrink, bool) or not isinstance(self.shrink, (int, float)) or not 0 <= self.shrink < float("inf"):
-            problems.append(f"shrink must be a finite number >= 0, got {self.shrink!r}")
+        if self.shrink != "auto" and (
+            isinstance(self.shrink, bool) or not isinstance(self.shrink, (int, float)) or not 0 <= self.shrink < float("inf")
+        ):
+            problems.append(f"shrink must be a finite number >= 0 or 'auto', got {self.shrink!r}")
         if not isinstance(self.own_share, bool):
             problems.append(f"own_share must be true or false, got {self.own_share!r}")
         if problems:

@@ -45,11 +45,12 @@ class PathBaselines:
 
 
 @torch.inference_mode()
-def path_baselines(batch: RolloutBatch, nodes: Nodes, shrink: float) -> PathBaselines:
+def path_baselines(batch: RolloutBatch, nodes: Nodes, shrink: float | torch.Tensor) -> PathBaselines:
     """The shrunk leave-one-out values of every response's path (see the module).
 
-    A response alone in its group has no other response to learn from: its root value is
-    its own reward, so its advantage against it is 0.
+    ``shrink``: one weight, or ``[N]`` float64 weights, one per response. A response
+    alone in its group has no other response to learn from: its root value is its own
+    reward, so its advantage against it is 0.
     """
     layout = batch.groups
     rewards = batch.rewards.double()  # [N]

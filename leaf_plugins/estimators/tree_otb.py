@@ -31,6 +31,7 @@ from leaf_plugins.core.hookspecs import hookimpl
 from leaf_plugins.core.params import EstimatorParams
 from leaf_plugins.core.tree import Nodes
 from leaf_plugins.estimators.group_stats import group_extreme, group_mean, group_sum, per_response
+from leaf_plugins.estimators.node_shrinkage import node_shrink
 from leaf_plugins.estimators.tree_baselines import path_baselines
 from leaf_plugins.estimators.tree_rloo import TreeRLOO, group_scale
 from leaf_plugins.estimators.otb import real_tokens, token_weights
@@ -49,7 +50,7 @@ class TreeOTB(TreeRLOO):
 
     @hookimpl
     def compute_advantages(self, batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) -> torch.Tensor:
-        baselines = path_baselines(batch, nodes, params.shrink)  # segment values V̂ [N, D+1]
+        baselines = path_baselines(batch, nodes, node_shrink(batch, nodes, params))  # segment values V̂ [N, D+1]
         with torch.inference_mode():
             layout = batch.groups
             real = real_tokens(batch)  # [N, T] float32 1.0 / 0.0

@@ -10,6 +10,7 @@ from leaf_plugins.core.params import EstimatorParams
 from leaf_plugins.core.tree import Nodes
 from leaf_plugins.estimators.group_stats import group_std, per_response, root_values
 from leaf_plugins.estimators.leaf import LEAF
+from leaf_plugins.estimators.node_shrinkage import node_shrink
 from leaf_plugins.estimators.tree_baselines import path_baselines
 
 __all__ = ["TreeRLOO", "group_scale"]
@@ -22,7 +23,7 @@ class TreeRLOO(LEAF):
 
     @hookimpl
     def compute_advantages(self, batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) -> torch.Tensor:
-        baselines = path_baselines(batch, nodes, params.shrink)
+        baselines = path_baselines(batch, nodes, node_shrink(batch, nodes, params))
         with torch.inference_mode():
             scale = per_response(group_scale(batch, params), batch.groups).unsqueeze(1)  # [N, 1]
             segments = (batch.rewards.double().unsqueeze(1) - baselines.values) / scale  # [N, D+1]
