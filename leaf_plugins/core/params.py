@@ -26,8 +26,9 @@ class EstimatorParams:
     ``batch``. ``std_floor`` and ``eps`` are GRPO's standard-deviation floor and epsilon.
     ``shrink`` is the prior weight (in responses) that pulls a small node's leave-one-out
     value toward its parent's (``tree_rloo``, ``tree_otb``), or ``"auto"``: learnt per
-    group from the other groups' nodes (empirical Bayes, ``node_shrinkage``); ``scale`` divides their
-    advantages by the group's reward std (``group_std``, as GRPO) or not (``none``);
+    group from the other groups' nodes (empirical Bayes, ``node_shrinkage``); ``scale``
+    divides their advantages by the group's reward std (``group_std``, as GRPO) or not
+    (``none``);
     ``own_share`` lets ``tree_otb`` weigh the response's own return in its baseline by its
     share of the path-variance weights, as verl's OTB does (biased, lower variance).
     """

@@ -45,9 +45,9 @@ def node_shrink(batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) -> f
 def auto_shrink(batch: RolloutBatch, nodes: Nodes, fallback: float) -> torch.Tensor:
     """``[N]`` float64 prior weight ``s`` of each response's group (see the module)."""
     layout = batch.groups
-    size = torch.full((batch.size,), float(fallback), dtype=torch.float64, device=batch.device)
+    fixed = torch.full((batch.size,), float(fallback), dtype=torch.float64, device=batch.device)  # [N]
     if not nodes.count or layout.count < 2:
-        return size
+        return fixed
     rewards = batch.rewards.double()  # [N]
     path = nodes.path  # [N, D]
     on_path = path >= 0
@@ -73,4 +73,4 @@ def auto_shrink(batch: RolloutBatch, nodes: Nodes, fallback: float) -> torch.Ten
     tau2 = ((squares - sigma2 * noise) / count.clamp(min=1e-300)).clamp(min=0)  # [N]
     learnt = torch.where(tau2 > 0, sigma2 / tau2.clamp(min=1e-300), MAX_SHRINK).clamp(max=MAX_SHRINK)
     usable = (dof > 0) & (count > 0) & (sigma2 > 0)
-    return torch.where(usable, learnt, size)
+    return torch.where(usable, learnt, fixed)
