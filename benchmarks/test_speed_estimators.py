@@ -1,12 +1,17 @@
 """Estimator speed at three batch sizes, and the slow reference on the same batches.
 
 Run: python -m pytest benchmarks/test_speed_estimators.py --benchmark-only
-(``leaf bench speed`` runs this and prints the ratio table.)
+(``leaf bench speed`` runs this and prints the ratio table). ``LEAF_BENCH_DEVICE=cuda``
+(``leaf bench speed --device cuda``) times the estimators on that device, each call
+synchronised before the clock stops; the slow references always run on the CPU.
 """
 
 from __future__ import annotations
 
+import os
+
 import pytest
+import torch
 
 import leaf_plugins as lp
 from batches import SIZES, as_policy_groups, as_reference_groups, synthetic_batch
@@ -14,6 +19,7 @@ from reference_estimators import estimate_groups
 from reference_otb import otb_groups
 
 ESTIMATORS = ["grpo", "leaf", "collision", "full_tree", "otb", "tree_rloo", "tree_otb"]
+DEVICE = torch.device(os.environ.get("LEAF_BENCH_DEVICE", "cpu"))
 _BATCHES: dict[str, lp.RolloutBatch] = {}
 
 
@@ -23,16 +29,24 @@ def batch_of(size: str) -> lp.RolloutBatch:
     return _BATCHES[size]
 
 
+def estimate_synchronised(engine: lp.Engine, batch: lp.RolloutBatch) -> lp.EstimateResult:
+    """``engine.estimate(batch)``, returning once the device has finished it."""
+    result = engine.estimate(batch)
+    if batch.device.type == "cuda":
+        torch.cuda.synchronize(batch.device)
+    return result
+
+
 # estimators of one size run one after the other, so that their ratios compare runs
 # made under the same conditions (machine load, allocator state)
 @pytest.mark.parametrize("estimator", ESTIMATORS)
 @pytest.mark.parametrize("size", list(SIZES))
 def test_estimator_speed(benchmark, estimator, size):
-    batch = batch_of(size)
+    batch = batch_of(size).to(DEVICE)
     engine = lp.Engine(estimator)
     benchmark.group = size
-    benchmark.extra_info.update(estimator=estimator, size=size, tokens=int(batch.lengths.sum()))
-    result = benchmark(engine.estimate, batch)
+    benchmark.extra_info.update(estimator=estimator, size=size, tokens=int(batch.lengths.sum()), device=str(DEVICE))
+    result = benchmark(estimate_synchronised, engine, batch)
     assert result.advantages.shape == batch.tokens.shape
 
 

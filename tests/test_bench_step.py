@@ -4,6 +4,7 @@ the command, never asserted here)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from leaf_plugins.bench.step import PHASES, StepShape, measure, step_table
 from leaf_plugins.bench.step_accounting import PAPER_MODELS, accounting_rows, accounting_table
@@ -37,3 +38,43 @@ def test_accounting_by_hand():
     assert before == 6 * 48 * 200 * 156_032 * 4  # 36 GB: six [N, T, V] float32 tensors
     assert now == 2 * 48 * 156_032 * 4 + 3 * 48 * 200 * 4
     assert "144 before" in accounting_table() and "6 now" in accounting_table()
+
+
+def test_the_paper_size_models_have_the_accounted_shapes():
+    """The random-weight real-size builders (built on the meta device: no memory) agree
+    with the accounting's figures, which were written from the published configs."""
+    from leaf_plugins.backbones.granite_speech import random_granite_speech_3_3_8b
+    from leaf_plugins.backbones.qwen2_audio import random_qwen2_audio_7b
+
+    for build, name in ((random_qwen2_audio_7b, "Qwen2-Audio-7B"), (random_granite_speech_3_3_8b, "Granite Speech 3.3 8B")):
+        accounted = next(m for m in PAPER_MODELS if m.name == name)
+        model = build(0, "meta", torch.bfloat16).model
+        text = model.config.text_config
+        assert (text.vocab_size, text.hidden_size, text.num_hidden_layers, text.num_key_value_heads) == (
+            accounted.vocab, accounted.hidden, accounted.layers, accounted.kv_heads)
+        assert text.hidden_size // text.num_attention_heads == accounted.head_dim
+        assert round(sum(p.numel() for p in model.parameters()) / 1e9, 1) == accounted.parameters
+        assert model.dtype == torch.bfloat16
+
+
+def test_table_marks_checkpointing_and_a_step_that_ran_out_of_memory():
+    def row(path, recompute, seconds, peak, failed=None):
+        found = {"path": path, "backbone": "qwen2-audio", "vocab_size": 156032, "new_tokens": 200, "audio_seconds": 30,
+                 "seconds": seconds, "peaks": {}, "before": 17e9, "peak": 17e9 + peak, "device": "cuda",
+                 "device_name": "NVIDIA H100 80GB HBM3", "activation_checkpointing": recompute}
+        return found | ({"out_of_memory": failed} if failed else {})
+
+    table = step_table([row("old", True, {"generate": 30.0}, 55e9, failed="generate"),
+                        row("new", True, {"generate": 30.0, "policy": 10.0}, 27e9)])
+    assert table.startswith("Measured on NVIDIA H100 80GB HBM3; weights bf16")
+    assert "| peak allocated GB |" in table
+    assert "| old + checkpointing | – | 30.00 | – | – | – | – | – | – | out of memory in generate | > 55.00 | 72.00 |" in table
+    assert "| new + checkpointing | – | 30.00 | – | – | – | 10.00 | – | – | 40.0 | 27.00 | 44.00 |" in table
+    assert "old/new" not in table  # no ratio against a step that did not finish
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_small_step_on_the_gpu_records_allocator_peaks():
+    row = measure(StepShape("new", "granite-speech", 1024, prompts=2, group_size=2, new_tokens=3, audio_seconds=1,
+                            device="cuda", activation_checkpointing=True))
+    assert row["peak"] >= row["before"] > 0 and "out_of_memory" not in row

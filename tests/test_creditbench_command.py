@@ -32,3 +32,25 @@ def test_credit_benchmark_writes_table_csv_and_plots(tmp_path, capsys):
 def test_unknown_regime_is_named_with_a_suggestion(capsys):
     assert main(["bench", "credit", "--quick", "--regimes", "bse"]) == 2
     assert "unknown regime 'bse'. Did you mean 'base'?" in capsys.readouterr().err
+
+
+def test_a_learning_rate_that_is_not_positive_is_refused(capsys):
+    assert main(["bench", "credit", "--quick", "--regimes", "base", "--learning-rate", "0"]) == 2
+    assert "--learning-rate must be a positive finite number, got 0.0" in capsys.readouterr().err
+
+
+def test_the_learning_rate_sets_the_normalised_protocols_step(monkeypatch, tmp_path):
+    """Both step options reach the settings the sweep runs with."""
+    import leaf_plugins.bench.credit.sweep as sweep
+
+    seen = []
+    original = sweep.run_sweep
+
+    def recording(settings, *rest, **options):
+        seen.append(settings)
+        return original(settings, *rest, **options)
+
+    monkeypatch.setattr(sweep, "run_sweep", recording)
+    assert main(["bench", "credit", "--quick", "--out", str(tmp_path), "--regimes", "base", "--learning-rate", "1.5",
+                 "--direction-step", "0.5"]) == 0
+    assert (seen[0].learning_rate, seen[0].direction_step) == (1.5, 0.5)

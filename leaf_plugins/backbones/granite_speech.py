@@ -15,13 +15,13 @@ from transformers.models.granite_speech.feature_extraction_granite_speech import
 from transformers.models.granite_speech.processing_granite_speech import GraniteSpeechProcessor
 
 from leaf_plugins.backbones.base import AUDIO_PLACEHOLDER, LANGUAGE_MODEL_LINEARS, LoadedBackbone
-from leaf_plugins.backbones.tiny import seeded_model
+from leaf_plugins.backbones.tiny import random_model_on, seeded_model
 from leaf_plugins.backbones.tokenizer import train_tokenizer
 from leaf_plugins.core.hookspecs import hookimpl
 
 __all__ = [
     "TorchGraniteSpeechFeatureExtractor", "GraniteSpeechBackbone", "htk_mel_filters", "log_mel", "merge_builtin_adapter",
-    "tiny_granite_speech",
+    "tiny_granite_speech", "GRANITE_SPEECH_3_3_8B", "random_granite_speech_3_3_8b",
 ]
 
 
@@ -148,17 +148,24 @@ class GraniteSpeechBackbone:
         return loaded.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
+def _offline_processor(n_mels: int) -> GraniteSpeechProcessor:
+    """An offline tokenizer (byte-level BPE with Granite's special tokens) and the pure-torch
+    front end with ``n_mels`` mel bins (frames stacked in pairs: ``2 · n_mels`` features)."""
+    tokenizer = train_tokenizer(["<|end_of_text|>", "<|im_start|>", "<|im_end|>", "<|audio|>"],
+                                eos_token="<|im_end|>", pad_token="<|end_of_text|>")
+    tokenizer.audio_token = "<|audio|>"
+    features = TorchGraniteSpeechFeatureExtractor(n_mels=n_mels, projector_window_size=15, projector_downsample_rate=5)
+    return GraniteSpeechProcessor(audio_processor=features, tokenizer=tokenizer)
+
+
 def tiny_granite_speech(seed: int, vocab_size: int | None = None) -> LoadedBackbone:
     """A random-weight GraniteSpeechForConditionalGeneration (2-layer dense ``granite``
     text model, 1-layer conformer, 1-layer Q-Former) with an offline tokenizer.
     ``vocab_size`` (default: the tokenizer's) pads the embeddings and the output head to a
     real model's vocabulary (49,160 for Granite Speech 3.3), for measuring memory."""
-    tokenizer = train_tokenizer(["<|end_of_text|>", "<|im_start|>", "<|im_end|>", "<|audio|>"],
-                                eos_token="<|im_end|>", pad_token="<|end_of_text|>")
-    tokenizer.audio_token = "<|audio|>"
     n_mels = 16
-    features = TorchGraniteSpeechFeatureExtractor(n_mels=n_mels, projector_window_size=15, projector_downsample_rate=5)
-    processor = GraniteSpeechProcessor(audio_processor=features, tokenizer=tokenizer)
+    processor = _offline_processor(n_mels)
+    tokenizer = processor.tokenizer
     config = GraniteSpeechConfig(
         text_config=dict(model_type="granite", vocab_size=vocab_size or len(tokenizer),
                          hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -178,7 +185,38 @@ def tiny_granite_speech(seed: int, vocab_size: int | None = None) -> LoadedBackb
     return LoadedBackbone(model=model, processor=processor, tokenizer=tokenizer, spec=TINY)
 
 
+GRANITE_SPEECH_3_3_8B = dict(
+    text_config=dict(model_type="granite", vocab_size=49_160, hidden_size=4096, intermediate_size=12_800,
+                     num_hidden_layers=40, num_attention_heads=32, num_key_value_heads=8,
+                     max_position_embeddings=131_072, rope_theta=10_000_000.0, tie_word_embeddings=True,
+                     embedding_multiplier=12.0, logits_scaling=16.0, residual_multiplier=0.22,
+                     attention_multiplier=0.0078125),
+    encoder_config=dict(input_dim=160, num_layers=16, hidden_dim=1024, feedforward_mult=4, num_heads=8, dim_head=128,
+                        context_size=200, conv_kernel_size=15, dropout=0.0),
+    projector_config=dict(model_type="blip_2_qformer", hidden_size=1024, num_hidden_layers=2, num_attention_heads=16,
+                          intermediate_size=4096, encoder_hidden_size=1024, cross_attention_frequency=1),
+    window_size=15,
+    downsample_rate=5,
+)
+"""Granite Speech 3.3 8B's shapes as its published ``config.json`` gives them (the
+granite-3.3-8b-instruct language model, the 16-layer conformer of revision 3.3.2, the
+2-layer Q-Former), its built-in speech LoRA left out (the backbone merges it into the
+base weights on load, see ``merge_builtin_adapter``)."""
+
+
+def random_granite_speech_3_3_8b(seed: int, device: str, dtype: torch.dtype) -> LoadedBackbone:
+    """A random-weight Granite Speech 3.3 8B built directly on ``device`` in ``dtype`` with
+    the offline tokenizer: for measuring a training step at the real size without a
+    download. Its texts are meaningless; its tensors are real."""
+    processor = _offline_processor(n_mels=80)
+    config = GraniteSpeechConfig(**GRANITE_SPEECH_3_3_8B, has_lora_adapter=False,
+                                 audio_token_index=processor.tokenizer.convert_tokens_to_ids("<|audio|>"))
+    model = random_model_on(GraniteSpeechForConditionalGeneration, config, processor.tokenizer, seed, device, dtype)
+    return LoadedBackbone(model=model, processor=processor, tokenizer=processor.tokenizer, spec=PAPER_SIZE)
+
+
 TINY = GraniteSpeechBackbone(hub_id=None, dtype="float32", build_tiny=tiny_granite_speech)
+PAPER_SIZE = GraniteSpeechBackbone(hub_id=None)  # the spec of ``random_granite_speech_3_3_8b``
 
 
 @hookimpl

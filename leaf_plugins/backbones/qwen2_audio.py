@@ -16,11 +16,11 @@ from transformers import (
 )
 
 from leaf_plugins.backbones.base import AUDIO_PLACEHOLDER, LANGUAGE_MODEL_LINEARS, LoadedBackbone
-from leaf_plugins.backbones.tiny import seeded_model
+from leaf_plugins.backbones.tiny import random_model_on, seeded_model
 from leaf_plugins.backbones.tokenizer import train_tokenizer
 from leaf_plugins.core.hookspecs import hookimpl
 
-__all__ = ["Qwen2AudioBackbone", "QWEN_AUDIO_TEXT", "tiny_qwen2_audio"]
+__all__ = ["Qwen2AudioBackbone", "QWEN_AUDIO_TEXT", "QWEN2_AUDIO_7B_TEXT", "random_qwen2_audio_7b", "tiny_qwen2_audio"]
 
 QWEN_AUDIO_TEXT = "<|audio_bos|><|AUDIO|><|audio_eos|>"
 """What ``<|audio|>`` becomes in a Qwen2-Audio prompt; the processor expands ``<|AUDIO|>``."""
@@ -70,11 +70,9 @@ class Qwen2AudioBackbone:
         return loaded.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
-def tiny_qwen2_audio(seed: int, clip_seconds: int = 8, vocab_size: int | None = None) -> LoadedBackbone:
-    """A random-weight Qwen2AudioForConditionalGeneration with 2 small layers and an
-    offline tokenizer; clips up to ``clip_seconds`` (the Whisper front end pads to it).
-    ``vocab_size`` (default: the tokenizer's) pads the embeddings and the output head to a
-    real model's vocabulary (156,032 for Qwen2-Audio-7B), for measuring memory."""
+def _offline_processor(clip_seconds: int, mel_bins: int) -> Qwen2AudioProcessor:
+    """An offline tokenizer (byte-level BPE with Qwen2-Audio's special tokens) and a
+    Whisper front end of ``mel_bins`` bins that pads clips to ``clip_seconds``."""
     tokenizer = train_tokenizer(
         ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>"],
         eos_token="<|im_end|>",
@@ -83,11 +81,20 @@ def tiny_qwen2_audio(seed: int, clip_seconds: int = 8, vocab_size: int | None = 
     tokenizer.audio_token, tokenizer.audio_bos_token, tokenizer.audio_eos_token = (
         "<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>"
     )
-    mel_bins = 16
     features = WhisperFeatureExtractor(
         feature_size=mel_bins, sampling_rate=16000, hop_length=160, chunk_length=clip_seconds, n_fft=400
     )
-    processor = Qwen2AudioProcessor(feature_extractor=features, tokenizer=tokenizer)
+    return Qwen2AudioProcessor(feature_extractor=features, tokenizer=tokenizer)
+
+
+def tiny_qwen2_audio(seed: int, clip_seconds: int = 8, vocab_size: int | None = None) -> LoadedBackbone:
+    """A random-weight Qwen2AudioForConditionalGeneration with 2 small layers and an
+    offline tokenizer; clips up to ``clip_seconds`` (the Whisper front end pads to it).
+    ``vocab_size`` (default: the tokenizer's) pads the embeddings and the output head to a
+    real model's vocabulary (156,032 for Qwen2-Audio-7B), for measuring memory."""
+    mel_bins = 16
+    processor = _offline_processor(clip_seconds, mel_bins)
+    tokenizer = processor.tokenizer
     config = Qwen2AudioConfig(
         audio_config=dict(
             num_mel_bins=mel_bins, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=64, d_model=32,
@@ -105,7 +112,29 @@ def tiny_qwen2_audio(seed: int, clip_seconds: int = 8, vocab_size: int | None = 
     return LoadedBackbone(model=model, processor=processor, tokenizer=tokenizer, spec=TINY)
 
 
+QWEN2_AUDIO_7B_TEXT = dict(
+    model_type="qwen2", vocab_size=156_032, hidden_size=4096, intermediate_size=11_008, num_hidden_layers=32,
+    num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=8192, rms_norm_eps=1e-5,
+    rope_theta=10_000.0, tie_word_embeddings=False,
+)
+"""Qwen2-Audio-7B's language model as its published ``config.json`` gives it; its audio
+encoder is ``Qwen2AudioEncoderConfig``'s defaults (Whisper-large-v3 shape: 32 layers,
+d_model 1280, 128 mel bins, 30 s)."""
+
+
+def random_qwen2_audio_7b(seed: int, device: str, dtype: torch.dtype) -> LoadedBackbone:
+    """A random-weight Qwen2-Audio-7B (the published shapes, 8.4 B weights) built directly
+    on ``device`` in ``dtype``, with the offline tokenizer: for measuring a training step at
+    the real size without a download. Its texts are meaningless; its tensors are real."""
+    processor = _offline_processor(clip_seconds=30, mel_bins=128)
+    config = Qwen2AudioConfig(audio_config=dict(model_type="qwen2_audio_encoder"), text_config=QWEN2_AUDIO_7B_TEXT,
+                              audio_token_index=processor.tokenizer.convert_tokens_to_ids("<|AUDIO|>"))
+    model = random_model_on(Qwen2AudioForConditionalGeneration, config, processor.tokenizer, seed, device, dtype)
+    return LoadedBackbone(model=model, processor=processor, tokenizer=processor.tokenizer, spec=PAPER_SIZE)
+
+
 TINY = Qwen2AudioBackbone(hub_id=None, chat=True, dtype="float32", build_tiny=tiny_qwen2_audio)
+PAPER_SIZE = Qwen2AudioBackbone(hub_id=None, chat=True)  # the spec of ``random_qwen2_audio_7b``
 
 
 @hookimpl

@@ -1,11 +1,13 @@
 """``leaf bench step``: one training step's time per phase and peak memory, today's path
 and the pre-issue-16 path (``bench/step_reference.py``) side by side.
 
-The backbones are the built-in tiny ones with the real models' vocabularies (156,032 for
-Qwen2-Audio, 49,160 for Granite Speech 3.3), hidden size 48, 30 s clips, 6 prompts × K = 8.
-Each (path, backbone, response length) runs in a fresh process; a sampler thread reads
-the process's resident memory every millisecond, so each phase's peak is the largest
-resident set seen while it ran (CPU: there is no allocator counter as on CUDA).
+On the CPU the backbones are the built-in tiny ones with the real models' vocabularies
+(156,032 for Qwen2-Audio, 49,160 for Granite Speech 3.3), hidden size 48, 30 s clips,
+6 prompts × K = 8; a sampler thread reads the process's resident memory every
+millisecond, so each phase's peak is the largest resident set seen while it ran. On a GPU
+(``--device cuda``) they are random-weight models of the real size (the published
+Qwen2-Audio-7B and Granite Speech 3.3 8B configs, bf16), and each phase's peak is the CUDA
+allocator's. Each (path, backbone, response length) runs in a fresh process.
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ class StepShape:
     group_size: int = 8
     new_tokens: int = 200
     audio_seconds: int = 30
+    device: str = "cpu"
+    size: str = "tiny"  # "tiny" (hidden 48, the real vocabulary) or "paper" (the real model, random weights)
+    activation_checkpointing: bool = False  # optim.activation_checkpointing
 
 
 def old_path_bytes(shape: StepShape) -> int:
@@ -100,44 +105,101 @@ class MemorySampler:
         self.peaks[name] = max(self.peaks.get(name, 0), self.current_peak, self.rss())
 
 
-def _load(shape: StepShape) -> Any:
-    from leaf_plugins.backbones.granite_speech import tiny_granite_speech
-    from leaf_plugins.backbones.qwen2_audio import tiny_qwen2_audio
+class CudaPhases:
+    """The CUDA allocator's memory per phase: ``phase`` records each named block's seconds
+    (the device synchronised at both ends) and the most memory allocated while it ran;
+    ``rss`` is the memory allocated now (the name shared with ``MemorySampler``)."""
 
+    def __init__(self, device: str) -> None:
+        self.device = torch.device(device)
+        self.seconds: dict[str, float] = {}
+        self.peaks: dict[str, int] = {}
+
+    def rss(self) -> int:
+        return torch.cuda.memory_allocated(self.device)
+
+    def __enter__(self) -> "CudaPhases":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        started = time.perf_counter()
+        try:
+            yield
+        finally:  # an out-of-memory phase is still recorded, with what it reached
+            torch.cuda.synchronize(self.device)
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
+            self.peaks[name] = max(self.peaks.get(name, 0), torch.cuda.max_memory_allocated(self.device))
+
+
+def _load(shape: StepShape) -> Any:
+    from leaf_plugins.backbones.granite_speech import random_granite_speech_3_3_8b, tiny_granite_speech
+    from leaf_plugins.backbones.qwen2_audio import random_qwen2_audio_7b, tiny_qwen2_audio
+
+    if shape.size == "paper":
+        build = random_qwen2_audio_7b if shape.backbone == "qwen2-audio" else random_granite_speech_3_3_8b
+        return build(0, shape.device, torch.bfloat16)
     if shape.backbone == "qwen2-audio":
-        return tiny_qwen2_audio(0, clip_seconds=shape.audio_seconds, vocab_size=shape.vocab_size)
-    return tiny_granite_speech(0, vocab_size=shape.vocab_size)
+        loaded = tiny_qwen2_audio(0, clip_seconds=shape.audio_seconds, vocab_size=shape.vocab_size)
+    else:
+        loaded = tiny_granite_speech(0, vocab_size=shape.vocab_size)
+    loaded.model.to(shape.device)
+    return loaded
 
 
 def measure(shape: StepShape) -> dict[str, Any]:
     """One optimizer step at ``shape`` in this process: seconds and peak resident bytes
     per phase, the resident bytes before the step, and the step's overall peak."""
-    from leaf_plugins import get_host
-    from leaf_plugins.bench.step_reference import response_logprobs_full_vocabulary, sample_responses_k_copies
-    from leaf_plugins.core.engine import Engine
-    from leaf_plugins.training.aggregation import StepTotals, token_weights
-    from leaf_plugins.training.lora import attach_lora, reference_policy
-    from leaf_plugins.training.loss import policy_loss
-    from leaf_plugins.training.rollout import response_logprobs, sample_responses
-    from leaf_plugins.training.update import with_prompt_embeddings
+    from leaf_plugins.training.checkpointing import enable_activation_checkpointing
+    from leaf_plugins.training.lora import attach_lora
 
     torch.manual_seed(0)
     loaded = _load(shape)
     model = attach_lora(loaded, rank=64, alpha=128, dropout=0.0)
+    if shape.activation_checkpointing:
+        enable_activation_checkpointing(model)
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-5)
     rng = np.random.default_rng(0)
     audios = [(rng.standard_normal(16000 * shape.audio_seconds) * 0.1).astype(np.float32)
               for _ in range(shape.prompts)]
     inputs = loaded.spec.build_inputs(loaded, ["<|audio|> translate the audio from english to german"] * shape.prompts,
                                       audios)
+    inputs = {key: value.to(shape.device) for key, value in inputs.items()}
+    model.eval()
+    cuda = torch.device(shape.device).type == "cuda"
+    recorder = CudaPhases(shape.device) if cuda else MemorySampler()
+    where = {**asdict(shape), "device_name": torch.cuda.get_device_name(shape.device) if cuda else "CPU",
+             "before": recorder.rss()}
+    try:
+        return where | _step(shape, model, loaded, optimizer, inputs, recorder)
+    except torch.OutOfMemoryError:  # the old path at the paper's shapes: where it ran out is the result
+        return where | {"seconds": recorder.seconds, "peaks": recorder.peaks, "peak": max(recorder.peaks.values()),
+                        "out_of_memory": next(reversed(recorder.seconds)), "response_tokens": 0, "width": 0}
+
+
+def _step(shape: StepShape, model: Any, loaded: Any, optimizer: torch.optim.Optimizer, inputs: dict[str, torch.Tensor],
+          recorder: Any) -> dict[str, Any]:
+    """The measured step: ``seconds``, ``peaks`` and ``peak`` as ``measure`` returns them."""
+    from leaf_plugins import get_host
+    from leaf_plugins.bench.step_reference import response_logprobs_full_vocabulary, sample_responses_k_copies
+    from leaf_plugins.core.engine import Engine
+    from leaf_plugins.training.aggregation import StepTotals, token_weights
+    from leaf_plugins.training.lora import reference_policy
+    from leaf_plugins.training.loss import policy_loss
+    from leaf_plugins.training.rollout import response_logprobs, sample_responses
+    from leaf_plugins.training.update import with_prompt_embeddings
+
     reward = get_host().rewards.get("sentence_bleu")
     engine = Engine("leaf", {}, {})
     old = shape.path == "old"
     sample = sample_responses_k_copies if old else sample_responses
     forced: Callable[..., torch.Tensor] = response_logprobs_full_vocabulary if old else response_logprobs
-    model.eval()
-    with MemorySampler() as sampler:
-        before = sampler.rss()
+    with recorder as sampler:
         if not old:
             with sampler.phase("encode"):
                 inputs = with_prompt_embeddings(model, inputs)
@@ -145,31 +207,33 @@ def measure(shape: StepShape) -> dict[str, Any]:
             rollout = sample(model, loaded, inputs, shape.group_size, shape.new_tokens, 1.0, 0.9)
         with sampler.phase("score"):
             scores = reward(rollout.texts, [REFERENCE_TEXT] * len(rollout.texts))
-            batch = rollout.batch.with_rewards(torch.tensor(scores, dtype=torch.float32))
+            batch = rollout.batch.with_rewards(torch.tensor(scores, dtype=torch.float32, device=rollout.batch.device))
         with sampler.phase("estimate"):
             advantages = engine.estimate(batch).advantages
         model.train()
         optimizer.zero_grad()
         totals = StepTotals(tokens=int(batch.lengths.sum()), sequences=batch.size)
         for prompt in range(shape.prompts):
-            rows = torch.nonzero(rollout.prompt_index == prompt).squeeze(1)
+            rows = torch.nonzero(rollout.prompt_index.cpu() == prompt).squeeze(1)  # the batch lives on the host
             local = {key: value[prompt : prompt + 1] for key, value in inputs.items()}
             index = torch.zeros(len(rows), dtype=torch.long)
-            tokens, lengths, mask = batch.tokens[rows], batch.lengths[rows], batch.mask[rows]
+            tokens, lengths, mask = batch.tokens[rows], batch.lengths[rows], batch.mask[rows].to(shape.device)
             with sampler.phase("reference"), torch.no_grad(), reference_policy(model):
                 reference = forced(model, local, tokens, lengths, index)
             with sampler.phase("policy"):
                 current = forced(model, local, tokens, lengths, index)
                 weights = None if old else token_weights(lengths, batch.width, totals, "token_mean", shape.new_tokens)
-                loss = policy_loss(current, batch.logprobs[rows], reference, advantages[rows], mask, weights=weights)
+                loss = policy_loss(current, batch.logprobs[rows].to(shape.device), reference,
+                                   advantages[rows].to(shape.device), mask,
+                                   weights=None if weights is None else weights.to(shape.device))
             with sampler.phase("backward"):
                 (loss.loss / shape.prompts if old else loss.loss).backward()
             del current, loss
         with sampler.phase("optimizer"):
             optimizer.step()
         peak = max(sampler.peaks.values())
-    return {**asdict(shape), "seconds": sampler.seconds, "peaks": sampler.peaks, "before": before, "peak": peak,
-            "response_tokens": int(batch.lengths.sum()), "width": batch.width}
+    return {"seconds": sampler.seconds, "peaks": sampler.peaks, "peak": peak, "response_tokens": int(batch.lengths.sum()),
+            "width": batch.width}
 
 
 def _child(shape: StepShape, queue: Any) -> None:
@@ -194,20 +258,30 @@ def _gb(value: float) -> str:
 
 def step_table(rows: list[dict[str, Any]]) -> str:
     """Markdown: seconds per phase, the step's total, and its peak memory above the
-    loaded model (GB), one row per measured step; then old/new ratios at equal shapes."""
+    loaded model (GB), one row per measured step (a step that ran out of device memory
+    says in which phase); then old/new ratios at equal shapes. The peak is the resident
+    set on the CPU and the CUDA allocator's on a GPU (named above the table)."""
+    on_gpu = any(row.get("device", "cpu") != "cpu" for row in rows)
     header = ("| backbone (V) | audio s | T | path | " + " | ".join(PHASES)
-              + " | step s | peak above model GB | peak RSS GB |\n"
+              + f" | step s | peak above model GB | {'peak allocated GB' if on_gpu else 'peak RSS GB'} |\n"
               "|---|---|---|---|" + "---|" * len(PHASES) + "---|---|---|")
-    lines = [header]
+    devices = sorted({row.get("device_name", "CPU") for row in rows})
+    lines = ([f"Measured on {', '.join(devices)}; weights "
+              + ("bf16, the real models' shapes (random weights)." if on_gpu else "float32, tiny stand-ins.") + "\n"]
+             if on_gpu else []) + [header]
     for row in rows:
         phases = " | ".join(f"{row['seconds'][p]:.2f}" if p in row["seconds"] else "–" for p in PHASES)
+        failed = row.get("out_of_memory")
+        total = f"out of memory in {failed}" if failed else f"{sum(row['seconds'].values()):.1f}"
+        above = f"> {_gb(row['peak'] - row['before'])}" if failed else _gb(row["peak"] - row["before"])
+        path = row["path"] + (" + checkpointing" if row.get("activation_checkpointing") else "")
         lines.append(f"| {row['backbone']} ({row['vocab_size']:,}) | {row['audio_seconds']} | {row['new_tokens']} | "
-                     f"{row['path']} | {phases} | "
-                     f"{sum(row['seconds'].values()):.1f} | {_gb(row['peak'] - row['before'])} | {_gb(row['peak'])} |")
+                     f"{path} | {phases} | {total} | {above} | {_gb(row['peak'])} |")
     ratios = []
     for new in (r for r in rows if r["path"] == "new"):
-        for old in (r for r in rows if r["path"] == "old"):
-            if all(old[key] == new[key] for key in ("backbone", "audio_seconds", "new_tokens")):
+        for old in (r for r in rows if r["path"] == "old" and not r.get("out_of_memory")):
+            if all(old.get(key) == new.get(key) for key in ("backbone", "audio_seconds", "new_tokens",
+                                                             "activation_checkpointing")):
                 ratios.append(f"- {new['backbone']}, {new['audio_seconds']} s, T = {new['new_tokens']}: "
                               "old/new step time "
                               f"{sum(old['seconds'].values()) / sum(new['seconds'].values()):.1f}×, peak memory above "

@@ -4,6 +4,7 @@ quality; ``step``: a training step's time and memory, today's path and the old o
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,19 +26,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     speed.add_argument("--quick", action="store_true", help="skip the largest batch size")
     speed.add_argument("--repeats", type=int, default=3, metavar="N",
                        help="run the suite N times and combine (median of the runs' medians; default 3)")
+    speed.add_argument("--device", default="cpu", metavar="DEVICE",
+                       help="where the estimators run, e.g. cuda (each call synchronised; the slow references "
+                            "stay on the CPU)")
     speed.set_defaults(bench=run_speed)
     credit = sub.add_parser("credit", help="credit quality against exact values and gradients (tabular task)")
     credit.add_argument("--out", type=Path, default=Path("results/credit"), help="directory for tables and plots")
     credit.add_argument("--quick", action="store_true", help="a small run (seconds), e.g. for tests")
     credit.add_argument("--seeds", type=int, help="environments (seeds) per regime")
     credit.add_argument("--regimes", nargs="+", metavar="NAME", help="run only these regimes")
+    credit.add_argument("--learning-rate", type=float, metavar="LR",
+                        help="the normalised protocol's shared learning rate (default 0.25)")
+    credit.add_argument("--direction-step", type=float, metavar="LENGTH",
+                        help="the direction protocol's step length (default 0.25)")
     credit.set_defaults(bench=run_credit)
     step = sub.add_parser("step", help="one training step's time per phase and peak memory, old path and new")
     step.add_argument("--out", type=Path, default=Path("results/step"), help="directory for JSON, tables and plot")
     step.add_argument("--quick", action="store_true", help="a small run (seconds), e.g. for tests")
     step.add_argument("--old-memory-gb", type=float, default=8.0, metavar="GB",
                       help="skip the old path where its [N, P|T, V] and [K, P+T, V] tensors would exceed this "
-                           "(default 8)")
+                           "(default 8; CPU only: on a GPU the old path runs and a step that runs out of memory is "
+                           "reported as such)")
+    step.add_argument("--backbone", choices=["qwen2-audio", "granite-speech"], action="append",
+                      help="measure only this backbone (repeatable; default both)")
+    step.add_argument("--device", default="cpu", metavar="DEVICE",
+                      help="cpu (tiny stand-ins with the real vocabularies) or a CUDA device such as cuda: "
+                           "random-weight Qwen2-Audio-7B and Granite Speech 3.3 8B in bf16 at the paper's shape")
     step.set_defaults(bench=run_step)
 
 
@@ -62,12 +76,17 @@ def run_speed(args: argparse.Namespace) -> int:
         if args.quick:
             command += ["-k", "not 256x16x2048"]
         print(f"run {run_number}/{args.repeats}:", " ".join(command), flush=True)
-        done = subprocess.run(command, cwd=SOURCE_ROOT)
+        done = subprocess.run(command, cwd=SOURCE_ROOT, env=os.environ | {"LEAF_BENCH_DEVICE": args.device})
         if done.returncode != 0:
             return done.returncode
         runs.append(read_speed_rows(report))
     rows = combine_runs(runs)
     table = speed_table(rows)
+    if args.device != "cpu":
+        import torch
+
+        table = (f"Estimators on {torch.cuda.get_device_name(args.device)} (the references on the CPU).\n\n"
+                 + table)
     spread = ratio_spread(runs)
     (args.out / "speed.md").write_text(table + "\n\n" + spread + "\n")
     plot_speed(rows, args.out / "speed.png")
@@ -87,6 +106,11 @@ def run_credit(args: argparse.Namespace) -> int:
     settings = Settings.quick() if args.quick else Settings()
     if args.seeds:
         settings = replace(settings, seeds=args.seeds)
+    for name, value in (("learning_rate", args.learning_rate), ("direction_step", args.direction_step)):
+        if value is not None:
+            if not value > 0 or value == float("inf"):
+                raise ConfigError(f"--{name.replace('_', '-')} must be a positive finite number, got {value}")
+            settings = replace(settings, **{name: value})
     known = {regime.name: regime for regime in regimes()}
     for name in args.regimes or []:
         if name not in known:
@@ -116,7 +140,11 @@ def run_step(args: argparse.Namespace) -> int:
     from leaf_plugins.bench.step_accounting import accounting_table
 
     if args.quick:
-        shapes = [StepShape(path, "granite-speech", 4096, prompts=2, group_size=2, new_tokens=4, audio_seconds=2)
+        shapes = [StepShape(path, "granite-speech", 4096, prompts=2, group_size=2, new_tokens=4, audio_seconds=2,
+                            device=args.device) for path in ("old", "new")]
+    elif args.device != "cpu":  # the real models' shapes, both paths, with and without activation checkpointing
+        shapes = [StepShape(path, backbone, vocab, device=args.device, size="paper", activation_checkpointing=recompute)
+                  for backbone, vocab in BACKBONE_VOCABULARIES.items() for recompute in (False, True)
                   for path in ("old", "new")]
     else:
         shapes = []
@@ -127,10 +155,14 @@ def run_step(args: argparse.Namespace) -> int:
                 if path == "new" or old_path_bytes(shape) <= args.old_memory_gb * 1e9:
                     shapes.append(shape)
         shapes += [StepShape("new", backbone, vocab) for backbone, vocab in BACKBONE_VOCABULARIES.items()]
+    if args.backbone:
+        shapes = [shape for shape in shapes if shape.backbone in args.backbone]
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = [run_in_process(shape) for shape in tqdm(shapes, desc="steps", unit="step")]
+    rows = []
+    for shape in tqdm(shapes, desc="steps", unit="step"):
+        rows.append(run_in_process(shape))
+        (args.out / "step.json").write_text(json.dumps(rows, indent=1))  # kept if a later step is interrupted
     table, accounting = step_table(rows), accounting_table()
-    (args.out / "step.json").write_text(json.dumps(rows, indent=1))
     (args.out / "step.md").write_text(table + "\n\n" + accounting + "\n")
     plot_growth(rows, args.out / "step_memory.png")
     print("\n" + table + "\n\n" + accounting + f"\n\nwritten: {args.out}/step.md, step.json, step_memory.png")
