@@ -37,10 +37,13 @@ from leaf_plugins.estimators.tree_rloo import TreeRLOO, group_scale
 from leaf_plugins.estimators.otb import real_tokens, stable_token_weights
 from leaf_plugins.estimators.scratch import scratch
 
-__all__ = ["TreeOTB", "KAPPA_EDGES", "LANES", "value_ratios", "state_slots"]
+__all__ = ["TreeOTB", "KAPPA_EDGES", "LANES", "value_ratios", "token_slots"]
 
 KAPPA_EDGES = (1e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3)
 """Bin edges on a state's ``1 − Σπ²``: near-deterministic states first, decisions last."""
+
+KINDS = len(KAPPA_EDGES) + 1
+"""Kinds of state: the bins of ``KAPPA_EDGES``."""
 
 LANES = 8
 """Accumulator lanes of the per-kind weight sums: token t adds to lane ``t mod LANES``, so
@@ -48,7 +51,7 @@ that successive tokens of one kind do not wait on each other's additions (one la
 3.5× slower on CPU, where most tokens of a response fall in one or two kinds)."""
 
 _EDGE_BITS = torch.tensor(KAPPA_EDGES, dtype=torch.float32).view(torch.int32).tolist()
-"""The float32 edges' bit patterns, as ``state_kinds`` compares them."""
+"""The float32 edges' bit patterns, as ``token_slots`` compares them."""
 
 
 class TreeOTB(TreeRLOO):
@@ -61,34 +64,54 @@ class TreeOTB(TreeRLOO):
     def compute_advantages(self, batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) -> torch.Tensor:
         baselines = path_baselines(batch, nodes, node_shrink(batch, nodes, params))  # segment values V̂ [N, D+1]
         with torch.inference_mode():
-            layout = batch.groups
             real = real_tokens(batch)  # [N, T] float32 1.0 / 0.0
             weights, spread = stable_token_weights(batch, real)  # [N, T] w (0 on padding), 1 − Σπ² (scratch)
-            slot = state_slots(spread)  # [N, T] int64 kind of state, per accumulator lane
+            slot = token_slots(spread, baselines.bounds)  # [N, T] int64 (segment, lane, kind of state)
             lowest = _other_groups_floor(batch)  # [G] f
-            ratios = value_ratios(batch, weights, slot, lowest)  # [N, LANES · kinds] κ
-            floor = per_response(lowest, layout)  # [N]
-            scale = per_response(group_scale(batch, params), layout)  # [N]
-            # A = (1 − share) · ((r − f) − κ (V̂ − f)) / c: the per-response and per-segment
-            # parts first, then four [N, T] passes
-            above = ((batch.rewards.double() - floor) / scale).float().unsqueeze(1)  # [N, 1]
-            values = ((baselines.values - floor.unsqueeze(1)) / scale.unsqueeze(1)).float()  # [N, D+1]
-            advantage = baselines.paint(values, batch.width)  # [N, T] float32 (V̂ − f) / c
-            kappa = torch.gather(ratios, 1, slot, out=scratch("tree_otb kappa", tuple(slot.shape), ratios.dtype,
-                                                               batch.device))  # [N, T]
-            torch.addcmul(above, kappa, advantage, value=-1, out=advantage)
-            if params.own_share:
-                factor = _others_share(batch, weights, real)
-            else:  # a response alone has no other to learn from: 0, as with its own share
-                factor = real.mul_((per_response(layout.sizes, layout) > 1).unsqueeze(1))
-        return torch.mul(advantage, factor)  # [N, T], 0 on padding: an ordinary tensor, out of inference mode
+            segments = baselines.bounds.shape[1]  # D+2: the path's and the padding
+            kappa = value_ratios(batch, weights, slot, segments, lowest)  # [N, kinds] κ of each response's group
+            table = _advantage_table(batch, baselines.values, kappa, lowest, params)  # [N, (D+2) · LANES · kinds]
+            share = _own_share(batch, weights, real) if params.own_share else None  # [N, T] W_i / Σ_j W_j
+        # out of inference mode: the result is an ordinary tensor
+        advantage = torch.gather(table, 1, slot)  # [N, T] ((r − f) − κ (V̂ − f)) / c, 0 on padding
+        return advantage if share is None else advantage.addcmul_(advantage, share, value=-1)
 
 
-def value_ratios(batch: RolloutBatch, weights: torch.Tensor, slot: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
-    """``[N, LANES · kinds]`` float32 κ of each response's group for every kind of state
-    (repeated in every lane), from the other groups (see the module), measured from each
-    group's ``floor [G]``: a token's κ is ``ratios.gather(1, slot)`` (``slot [N, T]`` of
-    ``state_slots``).
+def token_slots(spread: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
+    """``[N, T]`` int64 slot ``((segment · LANES) + lane) · kinds + kind`` of every token,
+    in the scratch buffer ``"tree_otb slot"``: its segment of the path
+    (``bounds [N, D+2]`` of ``PathBaselines``; segment ``D+1`` is the padding), its
+    accumulator lane ``t mod LANES`` and the bin ``kind`` of its state's ``spread [N, T]``
+    (float32 ``1 − Σπ²``) among ``KAPPA_EDGES`` (``torch.bucketize``'s bins:
+    ``edge[k−1] < x ≤ edge[k]``).
+
+    Kinds and segments are counted as the edges and segment starts at or below the token,
+    one int32 compare each. Kinds compare the float32 bit patterns as int32: for
+    ``x >= 0`` they order as the values, and a negative ``x`` (or −0) has a negative
+    pattern, below every edge, as its value is. Same-dtype int32 compares are vectorised;
+    a float compare into a bool mask is not (4× slower here), and a binary search per
+    token (``bucketize``) is 5× slower than all seven compares.
+    """
+    shape = tuple(spread.shape)
+    device = spread.device
+    count = scratch("tree_otb slot count", shape, torch.int32, device)  # [N, T]
+    above = scratch("tree_otb slot compare", shape, torch.int32, device)  # [N, T]
+    positions = torch.arange(shape[1], dtype=torch.int32, device=device)  # [T]
+    count.copy_((positions % LANES * KINDS).expand(shape))
+    bits = spread.view(torch.int32)
+    for edge in _EDGE_BITS:
+        count.add_(torch.gt(bits, edge, out=above))
+    starts = bounds[:, 1:].int()  # [N, D+1]: segments 1 … D and the padding
+    for column in starts.unbind(dim=1):
+        count.add_(torch.ge(positions, column.unsqueeze(1), out=above), alpha=LANES * KINDS)
+    return scratch("tree_otb slot", shape, torch.int64, device).copy_(count)
+
+
+def value_ratios(batch: RolloutBatch, weights: torch.Tensor, slot: torch.Tensor, segments: int,
+                 floor: torch.Tensor) -> torch.Tensor:
+    """``[N, kinds]`` float64 κ of each response's group for every kind of state, from
+    the other groups (see the module), measured from each group's ``floor [G]``
+    (``slot [N, T]`` of ``token_slots`` on ``segments`` segments).
 
     Rewards are constant along a response, so each response's weight per kind,
     ``Σ_t w [kind]`` ``[N, kinds]``, is all the ``[N, T]`` data needed. It is summed in
@@ -97,10 +120,9 @@ def value_ratios(batch: RolloutBatch, weights: torch.Tensor, slot: torch.Tensor,
     sums over responses and groups, where cancellation can happen, in float64.
     """
     layout = batch.groups
-    kinds = len(KAPPA_EDGES) + 1
-    lanes = torch.zeros(batch.size, LANES * kinds, dtype=weights.dtype, device=batch.device)
-    lanes.scatter_add_(1, slot, weights)  # [N, LANES · kinds]
-    per_response_weight = lanes.view(batch.size, LANES, kinds).sum(dim=1).double()  # [N, kinds] Σ_t w per kind
+    slots = torch.zeros(batch.size, segments * LANES, KINDS, dtype=weights.dtype, device=batch.device)
+    slots.view(batch.size, -1).scatter_add_(1, slot, weights)  # [N, segments · LANES, kinds]
+    per_response_weight = slots.sum(dim=1).double()  # [N, kinds] Σ_t w per kind (0 on padding)
     rewards = batch.rewards.double().unsqueeze(1)  # [N, 1]
     mean = per_response(group_mean(batch.rewards.double(), layout), layout).unsqueeze(1)
     sums = torch.stack([group_sum(per_response_weight * term, layout) for term in (rewards, mean, 1.0)])  # [3, G, k]
@@ -109,30 +131,26 @@ def value_ratios(batch: RolloutBatch, weights: torch.Tensor, slot: torch.Tensor,
     above = others[0] - lowest * others[2]  # Σ w (r − f)
     below = others[1] - lowest * others[2]  # Σ w (r̄ − f)
     ratio = torch.where(below > 1e-12 * others[2].clamp(min=1e-300), above / below.clamp(min=1e-300), 1.0)  # [G, k]
-    return per_response(ratio.float(), layout).repeat(1, LANES)
+    return per_response(ratio, layout)
 
 
-def state_slots(spread: torch.Tensor) -> torch.Tensor:
-    """``[N, T]`` int64 ``kind + kinds · (t mod LANES)`` of every token, in the scratch
-    buffer ``"tree_otb slot"``: the bin ``kind`` of the state's ``spread [N, T]`` (float32
-    ``1 − Σπ²``) among ``KAPPA_EDGES`` (``torch.bucketize``'s bins:
-    ``edge[k−1] < x ≤ edge[k]``), in the token's accumulator lane (``LANES``).
-
-    A kind is counted as the edges below it, comparing the float32 bit patterns as int32:
-    for ``x >= 0`` they order as the values, and a negative ``x`` (or −0) has a negative
-    pattern, below every edge, as its value is. Same-dtype int32 compares are vectorised;
-    a float compare into a bool mask is not (4× slower here), and a binary search per
-    token (``bucketize``) is 5× slower than all seven compares.
-    """
-    shape = tuple(spread.shape)
-    bits = spread.view(torch.int32)  # [N, T]
-    count = scratch("tree_otb kind count", shape, torch.int32, spread.device)
-    above = scratch("tree_otb kind above", shape, torch.int32, spread.device)
-    lane = torch.arange(shape[1], dtype=torch.int32, device=spread.device).remainder_(LANES)  # [T]
-    count.copy_(lane.mul_(len(KAPPA_EDGES) + 1).expand(shape))
-    for edge in _EDGE_BITS:
-        count.add_(torch.gt(bits, edge, out=above))
-    return scratch("tree_otb slot", shape, torch.int64, spread.device).copy_(count)
+def _advantage_table(batch: RolloutBatch, values: torch.Tensor, kappa: torch.Tensor, lowest: torch.Tensor,
+                     params: EstimatorParams) -> torch.Tensor:
+    """``[N, (D+2) · LANES · kinds]`` float32 advantage before the own share of every
+    slot of ``token_slots``: ``((r − f) − κ (V̂ − f)) / c`` (``values [N, D+1]`` V̂,
+    ``kappa [N, kinds]`` κ, ``lowest [G]`` f), in float64 and then rounded; 0 on the
+    padding segment and, without the own share, for a response alone in its group."""
+    layout = batch.groups
+    floor = per_response(lowest, layout).unsqueeze(1)  # [N, 1]
+    scale = per_response(group_scale(batch, params), layout).unsqueeze(1)  # [N, 1]
+    above = (batch.rewards.double().unsqueeze(1) - floor) / scale  # [N, 1]
+    spread = (values - floor) / scale  # [N, D+1]
+    table = torch.zeros(batch.size, values.shape[1] + 1, LANES, KINDS, dtype=torch.float32, device=batch.device)
+    segments = (above.unsqueeze(2) - kappa.unsqueeze(1) * spread.unsqueeze(2)).float()  # [N, D+1, kinds]
+    if not params.own_share:  # a response alone has no other to learn from: 0, as with its own share
+        segments.mul_((per_response(layout.sizes, layout) > 1).view(-1, 1, 1))
+    table[:, :-1] = segments.unsqueeze(2)
+    return table.view(batch.size, -1)
 
 
 def _other_groups_floor(batch: RolloutBatch) -> torch.Tensor:
@@ -146,9 +164,9 @@ def _other_groups_floor(batch: RolloutBatch) -> torch.Tensor:
     return torch.where(torch.arange(layout.count, device=batch.device) == two.indices[0], two.values[1], two.values[0])
 
 
-def _others_share(batch: RolloutBatch, weights: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
-    """``[N, T]`` float32 ``1 − W_i,t / Σ_j W_j,t`` over the group's responses running at t
-    (W the cumulative weights), 0 on padding (``real`` the float32 mask); written over
+def _own_share(batch: RolloutBatch, weights: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """``[N, T]`` float32 ``W_i,t / Σ_j W_j,t`` over the group's responses running at t
+    (W the cumulative weights; 0 on padding, ``real`` the float32 mask), written over
     ``weights``. float32 throughout: ``W`` sums at most T positive weights (relative
     error below ``T · 2⁻²⁴``)."""
     layout = batch.groups
@@ -158,7 +176,7 @@ def _others_share(batch: RolloutBatch, weights: torch.Tensor, real: torch.Tensor
         cumulative.view(layout.count, layout.uniform_size, -1).div_(total.unsqueeze(1))
     else:
         cumulative.div_(per_response(total, layout))
-    return torch.sub(real, cumulative, out=cumulative)
+    return cumulative
 
 
 @hookimpl
