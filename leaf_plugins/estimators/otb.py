@@ -119,10 +119,10 @@ def token_weights(batch: RolloutBatch, real: torch.Tensor | None = None) -> torc
 
 def stable_token_weights(batch: RolloutBatch, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The token weights of ``token_weights`` written as ``w = 2(1 - π) - (1 - Σπ²)``, so
-    that float32 keeps the weights of near-deterministic tokens: ``[N, T]`` float32 ``w``,
-    0 on padding (``real``: the float mask of ``real_tokens``), and the ``[N, T]`` float32
-    spread ``1 - Σπ²`` of every state, in the scratch buffers ``"otb stable"`` and
-    ``"otb spread"``; the same ConfigErrors.
+    that float32 keeps the weights of near-deterministic tokens: ``[N, T]`` float32 ``w``
+    and the ``[N, T]`` float32 spread ``1 - Σπ²`` of every state, both 0 on padding
+    (``real``: the float mask of ``real_tokens``), in the scratch buffers ``"otb stable"``
+    and ``"otb spread"``; the same ConfigErrors.
 
     Precision: ``1 - Σπ²`` is exact in float32 for ``Σπ² >= 0.5`` (and ``w >= 0.08``
     otherwise); ``1 - π = -expm1(log π)`` keeps its relative precision as π → 1; so the
@@ -134,9 +134,9 @@ def stable_token_weights(batch: RolloutBatch, real: torch.Tensor) -> tuple[torch
     logprobs, sum_pi_squared = _policy_fields(batch)
     shape = tuple(real.shape)
     spread = scratch("otb spread", shape, torch.float32, real.device)
-    torch.sub(sum_pi_squared.new_ones(()), sum_pi_squared, out=spread)  # [N, T] 1 - Σπ²
+    torch.addcmul(real, sum_pi_squared, real, value=-1, out=spread)  # [N, T] (1 - Σπ²) · real
     weight = torch.expm1(logprobs, out=scratch("otb stable", shape, torch.float32, real.device))  # π - 1
-    weight.mul_(-2).sub_(spread).mul_(real)  # 2(1 - π) - (1 - Σπ²), 0 on padding
+    torch.addcmul(spread, weight, real, value=2, out=weight).neg_()  # (2(1 - π) - (1 - Σπ²)) · real
     _check_consistent(weight, logprobs, sum_pi_squared)
     return weight.clamp_(min=0), spread
 

@@ -65,7 +65,7 @@ class TreeOTB(TreeRLOO):
         baselines = path_baselines(batch, nodes, node_shrink(batch, nodes, params))  # segment values V̂ [N, D+1]
         with torch.inference_mode():
             real = real_tokens(batch)  # [N, T] float32 1.0 / 0.0
-            weights, spread = stable_token_weights(batch, real)  # [N, T] w (0 on padding), 1 − Σπ² (scratch)
+            weights, spread = stable_token_weights(batch, real)  # [N, T] w, 1 − Σπ² (0 on padding; scratch)
             slot = token_slots(spread, baselines.bounds)  # [N, T] int64 (segment, lane, kind of state)
             lowest = _other_groups_floor(batch)  # [G] f
             segments = baselines.bounds.shape[1]  # D+2: the path's and the padding
@@ -123,14 +123,12 @@ def value_ratios(batch: RolloutBatch, weights: torch.Tensor, slot: torch.Tensor,
     slots = torch.zeros(batch.size, segments * LANES, KINDS, dtype=weights.dtype, device=batch.device)
     slots.view(batch.size, -1).scatter_add_(1, slot, weights)  # [N, segments · LANES, kinds]
     per_response_weight = slots.sum(dim=1).double()  # [N, kinds] Σ_t w per kind (0 on padding)
-    rewards = batch.rewards.double().unsqueeze(1)  # [N, 1]
-    mean = per_response(group_mean(batch.rewards.double(), layout), layout).unsqueeze(1)
-    sums = torch.stack([group_sum(per_response_weight * term, layout) for term in (rewards, mean, 1.0)])  # [3, G, k]
-    others = sums.sum(dim=1, keepdim=True) - sums  # every group but this one
-    lowest = floor.unsqueeze(1)  # [G, 1]
-    above = others[0] - lowest * others[2]  # Σ w (r − f)
-    below = others[1] - lowest * others[2]  # Σ w (r̄ − f)
-    ratio = torch.where(below > 1e-12 * others[2].clamp(min=1e-300), above / below.clamp(min=1e-300), 1.0)  # [G, k]
+    rewards = batch.rewards.double()  # [N]
+    terms = torch.stack([rewards, per_response(group_mean(rewards, layout), layout), torch.ones_like(rewards)], dim=1)
+    sums = group_sum(terms.unsqueeze(2) * per_response_weight.unsqueeze(1), layout)  # [G, 3, k] Σ w r, Σ w r̄, Σ w
+    others = sums.sum(dim=0) - sums  # every group but this one
+    above, below = (others[:, :2] - floor.view(-1, 1, 1) * others[:, 2:]).unbind(dim=1)  # [G, k] Σ w (r − f), Σ w (r̄ − f)
+    ratio = torch.where(below > 1e-12 * others[:, 2].clamp(min=1e-300), above / below.clamp(min=1e-300), 1.0)
     return per_response(ratio, layout)
 
 
@@ -142,13 +140,14 @@ def _advantage_table(batch: RolloutBatch, values: torch.Tensor, kappa: torch.Ten
     padding segment and, without the own share, for a response alone in its group."""
     layout = batch.groups
     floor = per_response(lowest, layout).unsqueeze(1)  # [N, 1]
-    scale = per_response(group_scale(batch, params), layout).unsqueeze(1)  # [N, 1]
-    above = (batch.rewards.double().unsqueeze(1) - floor) / scale  # [N, 1]
-    spread = (values - floor) / scale  # [N, D+1]
-    table = torch.zeros(batch.size, values.shape[1] + 1, LANES, KINDS, dtype=torch.float32, device=batch.device)
+    columns = torch.cat([batch.rewards.double().unsqueeze(1), values], dim=1).sub_(floor)  # [N, D+2] r − f, V̂ − f
+    if params.scale != "none":
+        columns.div_(per_response(group_scale(batch, params), layout).unsqueeze(1))
+    above, spread = columns[:, :1], columns[:, 1:]  # [N, 1], [N, D+1]
     segments = (above.unsqueeze(2) - kappa.unsqueeze(1) * spread.unsqueeze(2)).float()  # [N, D+1, kinds]
     if not params.own_share:  # a response alone has no other to learn from: 0, as with its own share
         segments.mul_((per_response(layout.sizes, layout) > 1).view(-1, 1, 1))
+    table = torch.zeros(batch.size, values.shape[1] + 1, LANES, KINDS, dtype=torch.float32, device=batch.device)
     table[:, :-1] = segments.unsqueeze(2)
     return table.view(batch.size, -1)
 
