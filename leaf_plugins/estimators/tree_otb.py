@@ -96,14 +96,14 @@ def token_slots(spread: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
     device = spread.device
     count = scratch("tree_otb slot count", shape, torch.int32, device)  # [N, T]
     above = scratch("tree_otb slot compare", shape, torch.int32, device)  # [N, T]
-    positions = torch.arange(shape[1], dtype=torch.int32, device=device)  # [T]
-    count.copy_((positions % LANES * KINDS).expand(shape))
     bits = spread.view(torch.int32)
-    for edge in _EDGE_BITS:
+    torch.gt(bits, _EDGE_BITS[0], out=count)
+    for edge in _EDGE_BITS[1:]:
         count.add_(torch.gt(bits, edge, out=above))
-    starts = bounds[:, 1:].int()  # [N, D+1]: segments 1 … D and the padding
-    for column in starts.unbind(dim=1):
-        count.add_(torch.ge(positions, column.unsqueeze(1), out=above), alpha=LANES * KINDS)
+    positions = torch.arange(shape[1], dtype=torch.int32, device=device)  # [T]
+    for start in bounds[:, 1:].int().unbind(dim=1):  # [N] each: segments 1 … D and the padding
+        count.add_(torch.ge(positions, start.unsqueeze(1), out=above), alpha=LANES * KINDS)
+    count.add_(positions % LANES * KINDS)  # the lane
     return scratch("tree_otb slot", shape, torch.int64, device).copy_(count)
 
 
