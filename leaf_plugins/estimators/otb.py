@@ -125,11 +125,13 @@ def stable_token_weights(batch: RolloutBatch, real: torch.Tensor) -> tuple[torch
     and ``"otb spread"``; the same ConfigErrors.
 
     Precision: ``1 - Σπ²`` is exact in float32 for ``Σπ² >= 0.5`` (and ``w >= 0.08``
-    otherwise); ``1 - π = -expm1(log π)`` keeps its relative precision as π → 1; so the
-    only loss is the final difference, about ``2(1 - π) · 2⁻²⁴`` absolute. That is below
-    what the float32 input already leaves open: ``Σπ²`` near 1 is known to ±2⁻²⁵, and
-    ``w`` inherits that uncertainty whole. (``1 - 2π + Σπ²`` in float32 errs by up to
-    2⁻²³ whatever π, 10 % of ``w`` at π = 0.999; in float64 it costs 2.5× the time.)
+    otherwise); ``1 - π = -expm1(log π)`` keeps its relative precision (an ulp) as π → 1;
+    so the only loss is the final difference, at most about ``2(1 - π) · 2⁻²³``
+    absolute. Where ``1 - π < 1/8`` that is below what the float32 input already leaves
+    open (``Σπ²`` near 1 is known to ±2⁻²⁵, and ``w`` inherits that uncertainty whole);
+    elsewhere it is below 2⁻¹⁹ of ``w`` (``w >= (1 - π)²``). (``1 - 2π + Σπ²`` in float32
+    errs by up to 2⁻²³ whatever π, 10 % of ``w`` at π = 0.999; in float64 it takes 2.5×
+    the time.)
     """
     logprobs, sum_pi_squared = _policy_fields(batch)
     shape = tuple(real.shape)

@@ -127,7 +127,8 @@ def value_ratios(batch: RolloutBatch, weights: torch.Tensor, slot: torch.Tensor,
     terms = torch.stack([rewards, per_response(group_mean(rewards, layout), layout), torch.ones_like(rewards)], dim=1)
     sums = group_sum(terms.unsqueeze(2) * per_response_weight.unsqueeze(1), layout)  # [G, 3, k] Σ w r, Σ w r̄, Σ w
     others = sums.sum(dim=0) - sums  # every group but this one
-    above, below = (others[:, :2] - floor.view(-1, 1, 1) * others[:, 2:]).unbind(dim=1)  # [G, k] Σ w (r − f), Σ w (r̄ − f)
+    # [G, k] each: Σ w (r − f), Σ w (r̄ − f)
+    above, below = (others[:, :2] - floor.view(-1, 1, 1) * others[:, 2:]).unbind(dim=1)
     ratio = torch.where(below > 1e-12 * others[:, 2].clamp(min=1e-300), above / below.clamp(min=1e-300), 1.0)
     return per_response(ratio, layout)
 
