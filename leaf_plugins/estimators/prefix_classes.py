@@ -51,7 +51,7 @@ class PrefixClasses:
         reach = tokens.shape[1]
         width = reach + reach % 2 if narrow == torch.int32 else reach
         hashes = scratch("hashes", (batch.size, width), narrow, batch.device)  # [N, W]: R, or R and a spare column
-        running_hashes(tokens, narrow, out=hashes[:, :reach])
+        running_hashes(tokens, narrow, out=hashes)
         classes = cls._from_keys(batch, _hashes_at(hashes, batch, positions), positions)
         if classes._proven_on(hashes, batch, positions):
             return classes

@@ -56,18 +56,22 @@ def path_baselines(batch: RolloutBatch, nodes: Nodes, shrink: float | torch.Tens
     rewards = batch.rewards.double()  # [N]
     others = per_response(layout.sizes, layout) - 1  # [N]
     total = per_response(group_sum(rewards, layout), layout)  # [N]
-    value = torch.where(others > 0, (total - rewards) / others.clamp(min=1), rewards)  # [N]: V̂(v_0)
     path = nodes.path if nodes.count else nodes.path[:, :0]  # [N, D]
     on_path = path >= 0
     node = path.clamp(min=0)
-    lengths = batch.lengths.unsqueeze(1)  # [N, 1]
-    columns = [value]
+    # V̂_j = a_j + b_j · V̂_{j-1}: a_j = (Σ_others r) / (n - 1 + s), b_j = s / (n - 1 + s) on
+    # the path, a_j = 0 and b_j = 1 past its end; one multiply-add per depth
+    prior = shrink.unsqueeze(1) if isinstance(shrink, torch.Tensor) else shrink  # s: [N, 1] or a number
+    size = nodes.size.double().take(node)  # [N, D]
+    others_sum = nodes.value.double().take(node).mul_(size).sub_(rewards.unsqueeze(1))  # [N, D]
+    denominator = (size - 1 + prior).clamp_(min=1e-300)  # [N, D]
+    offset = others_sum.div_(denominator).mul_(on_path)  # [N, D] a
+    slope = torch.where(on_path, prior / denominator, 1.0)  # [N, D] b
+    values = torch.empty((batch.size, path.shape[1] + 1), dtype=torch.float64, device=batch.device)  # [N, D+1]
+    torch.where(others > 0, (total - rewards) / others.clamp(min=1), rewards, out=values[:, 0])  # V̂(v_0)
     for depth in range(path.shape[1]):  # along the path: at most B (or the trie's depth) steps
-        size = nodes.size.take(node[:, depth]).double()  # [N]
-        others_sum = nodes.value.double().take(node[:, depth]) * size - rewards
-        shrunk = (others_sum + shrink * value) / (size - 1 + shrink).clamp(min=1e-300)
-        value = torch.where(on_path[:, depth], shrunk, value)
-        columns.append(value)
+        torch.addcmul(offset[:, depth], slope[:, depth], values[:, depth], out=values[:, depth + 1])
+    lengths = batch.lengths.unsqueeze(1)  # [N, 1]
     position = torch.where(on_path, nodes.position.take(node), lengths)  # [N, D]: off the path, empty segments
     bounds = torch.cat([torch.zeros_like(lengths), position, lengths], dim=1).clamp_(max=lengths)  # [N, D+2]
-    return PathBaselines(torch.stack(columns, dim=1), bounds)
+    return PathBaselines(values, bounds)
