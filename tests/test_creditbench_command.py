@@ -25,7 +25,9 @@ def test_credit_benchmark_writes_table_csv_and_plots(tmp_path, capsys):
     assert float(oracle["projection"]) == pytest.approx(1.0, abs=4 * float(oracle["projection_ci"]) + 0.02)
     otb = next(row for row in rows if row["estimator"] == "otb" and row["regime"] == "base")
     assert float(otb["cosine_minus_otb"]) != float(otb["cosine_minus_otb"])  # NaN: no pairing with itself
-    for picture in ("gradient_cosine.png", "learning_curves_normalised.png", "learning_curves_direction.png"):
+    assert "| J after learning, normalised | J, direction | J, adam |" in out
+    for picture in ("gradient_cosine.png", "learning_curves_normalised.png", "learning_curves_direction.png",
+                    "learning_curves_adam.png"):
         assert (tmp_path / picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -40,7 +42,7 @@ def test_a_learning_rate_that_is_not_positive_is_refused(capsys):
 
 
 def test_the_learning_rate_sets_the_normalised_protocols_step(monkeypatch, tmp_path):
-    """Both step options reach the settings the sweep runs with."""
+    """The step options reach the settings the sweep runs with."""
     import leaf_plugins.bench.credit.sweep as sweep
 
     seen = []
@@ -52,5 +54,5 @@ def test_the_learning_rate_sets_the_normalised_protocols_step(monkeypatch, tmp_p
 
     monkeypatch.setattr(sweep, "run_sweep", recording)
     assert main(["bench", "credit", "--quick", "--out", str(tmp_path), "--regimes", "base", "--learning-rate", "1.5",
-                 "--direction-step", "0.5"]) == 0
-    assert (seen[0].learning_rate, seen[0].direction_step) == (1.5, 0.5)
+                 "--direction-step", "0.5", "--adam-learning-rate", "0.01"]) == 0
+    assert (seen[0].learning_rate, seen[0].direction_step, seen[0].adam_learning_rate) == (1.5, 0.5, 0.01)

@@ -39,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the normalised protocol's shared learning rate (default 0.25)")
     credit.add_argument("--direction-step", type=float, metavar="LENGTH",
                         help="the direction protocol's step length (default 0.25)")
+    credit.add_argument("--adam-learning-rate", type=float, metavar="LR",
+                        help="the adam protocol's shared learning rate (default 0.05)")
     credit.set_defaults(bench=run_credit)
     step = sub.add_parser("step", help="one training step's time per phase and peak memory, old path and new")
     step.add_argument("--out", type=Path, default=Path("results/step"), help="directory for JSON, tables and plot")
@@ -106,7 +108,8 @@ def run_credit(args: argparse.Namespace) -> int:
     settings = Settings.quick() if args.quick else Settings()
     if args.seeds:
         settings = replace(settings, seeds=args.seeds)
-    for name, value in (("learning_rate", args.learning_rate), ("direction_step", args.direction_step)):
+    for name, value in (("learning_rate", args.learning_rate), ("direction_step", args.direction_step),
+                        ("adam_learning_rate", args.adam_learning_rate)):
         if value is not None:
             if not value > 0 or value == float("inf"):
                 raise ConfigError(f"--{name.replace('_', '-')} must be a positive finite number, got {value}")

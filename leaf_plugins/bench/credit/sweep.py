@@ -78,6 +78,12 @@ class Settings:
     groups_per_step: int = 8
     learning_rate: float = 0.25  # the normalised protocol's step size
     direction_step: float = 0.25  # the direction protocol's step length
+    adam_learning_rate: float = 0.05  # the adam protocol's step size
+
+    def step_size(self, protocol: str) -> float:
+        """The learning rate (or step length) of ``protocol``."""
+        return {"normalised": self.learning_rate, "direction": self.direction_step,
+                "adam": self.adam_learning_rate}[protocol]
 
     @classmethod
     def quick(cls) -> "Settings":
@@ -157,8 +163,8 @@ def _run_one(regime: Regime, name: str, settings: Settings, samples: _Samples) -
     bias = gradient_bias(samples.bias_environment, samples.bias_groups, bias_advantages)
     curves = {
         protocol: torch.stack([
-            learning_curve(regime, name, seed, settings.steps, settings.groups_per_step,
-                           settings.learning_rate if protocol == "normalised" else settings.direction_step, protocol)
+            learning_curve(regime, name, seed, settings.steps, settings.groups_per_step, settings.step_size(protocol),
+                           protocol)
             for seed in range(settings.seeds)
         ])  # [S, steps+1]
         for protocol in PROTOCOLS
@@ -210,8 +216,9 @@ def markdown_table(rows: list[Row]) -> str:
     (the oracle excluded)."""
     lines = [
         "| regime | estimator | grad cosine (95% CI) | − grpo, paired | − otb, paired | NMSE (best scale) "
-        "| cos(mean grad) | projection | direction bias (excess) | token corr. | J after learning, normalised | J, direction | LEAF fire rate |",
-        "|---|---|---|---|---|---:|---|---|---:|---|---|---|---:|",
+        "| cos(mean grad) | projection | direction bias (excess) | token corr. | J after learning, normalised | J, direction "
+        "| J, adam | LEAF fire rate |",
+        "|---|---|---|---|---|---:|---|---|---:|---|---|---|---|---:|",
     ]
     for regime in dict.fromkeys(row.regime for row in rows):
         members = [row for row in rows if row.regime == regime]
@@ -225,7 +232,7 @@ def markdown_table(rows: list[Row]) -> str:
                 f"| {row.regime} | {row.estimator} | {cosine} | {_gain_text(rows, row, 'grpo')} "
                 f"| {_gain_text(rows, row, 'otb')} | {row.nmse:.3f} | {row.bias.cosine:.4f} | {row.bias.projection} "
                 f"| {row.bias.excess:.1f} "
-                f"| {row.token_correlation} | {final[0]} | {final[1]} | {row.fire_rate:.2f} |"
+                f"| {row.token_correlation} | {' | '.join(final)} | {row.fire_rate:.2f} |"
             )
     return "\n".join(lines)
 
