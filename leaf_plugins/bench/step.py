@@ -153,8 +153,10 @@ def _load(shape: StepShape) -> Any:
 
 
 def measure(shape: StepShape) -> dict[str, Any]:
-    """One optimizer step at ``shape`` in this process: seconds and peak resident bytes
-    per phase, the resident bytes before the step, and the step's overall peak."""
+    """One optimizer step at ``shape`` in this process: seconds and peak bytes per phase
+    (resident set on the CPU, the CUDA allocator's on a GPU), the bytes before the step,
+    and the step's overall peak; a step that runs out of device memory returns what it
+    measured so far and ``out_of_memory``, the phase it failed in."""
     from leaf_plugins.training.checkpointing import enable_activation_checkpointing
     from leaf_plugins.training.lora import attach_lora
 
