@@ -94,8 +94,9 @@ def weight(r: Response, t: int) -> float:
     return max(0.0, 1 - 2 * math.exp(r.logprobs[t]) + r.sum_pi_squared[t])
 
 
-def kappas(groups: list[list[Response]], g: int) -> tuple[float, list[float]]:
-    """The floor ``f_g`` and ``κ_{g,k}`` per bin, from every other group."""
+def kappas(groups: list[list[Response]], g: int, ridge: float = 0.0) -> tuple[float, list[float]]:
+    """The floor ``f_g`` and ``κ_{g,k}`` per bin, from every other group (each token's
+    weight ``w + ridge``)."""
     others = [h for h in range(len(groups)) if h != g]
     if not others:
         return 0.0, [1.0] * (len(KAPPA_EDGES) + 1)
@@ -108,7 +109,7 @@ def kappas(groups: list[list[Response]], g: int) -> tuple[float, list[float]]:
         for r in groups[h]:
             for t in range(len(r.tokens)):
                 k = bisect.bisect_left(KAPPA_EDGES, 1 - r.sum_pi_squared[t])
-                w = weight(r, t)
+                w = weight(r, t) + ridge
                 above[k] += w * (r.reward - floor)
                 below[k] += w * (group_mean - floor)
                 total[k] += w
@@ -116,23 +117,29 @@ def kappas(groups: list[list[Response]], g: int) -> tuple[float, list[float]]:
 
 
 def tree_otb(groups: list[list[Response]], fork_budget=2, min_group=2, horizon="shortest", shrink=4.0,
-             scale="none", std_floor=0.0, eps=1e-6, own_share=True) -> list[list[list[float]]]:
+             scale="none", std_floor=0.0, eps=1e-6, own_share=True, prefix_mean=True,
+             ridge=0.025) -> list[list[list[float]]]:
     """Advantages of every group of one batch (κ reads the other groups)."""
     out = []
     every_nodes = [tree_nodes(group, fork_budget, min_group, horizon) for group in groups]
     shrinks = auto_shrinks(groups, every_nodes) if shrink == "auto" else [shrink] * len(groups)
     for g, group in enumerate(groups):
         nodes, shrink = every_nodes[g], shrinks[g]
-        floor, kappa = kappas(groups, g)
+        floor, kappa = kappas(groups, g, ridge)
         c = group_scale(group, scale, std_floor, eps)
         cumulative = [[sum(weight(r, u) for u in range(t + 1)) for t in range(len(r.tokens))] for r in group]
+        values = [token_values(group, i, nodes, shrink) for i in range(len(group))]
         rows = []
         for i, r in enumerate(group):
-            values = token_values(group, i, nodes, shrink)
             row = []
-            for t, v in enumerate(values):
+            for t in range(len(r.tokens)):
+                # with prefix_mean: the others whose tokens 0 … t are i's, i included
+                sharing = [j for j, other in enumerate(group) if other.tokens[: t + 1] == r.tokens[: t + 1]] \
+                    if prefix_mean else [i]
+                reward = mean([group[j].reward for j in sharing])
+                value = mean([values[j][t] for j in sharing])
                 k = bisect.bisect_left(KAPPA_EDGES, 1 - r.sum_pi_squared[t])
-                advantage = r.reward - (floor + kappa[k] * (v - floor))
+                advantage = reward - (floor + kappa[k] * (value - floor))
                 if own_share:
                     running = sum(cumulative[j][t] for j in range(len(group)) if t < len(group[j].tokens))
                     advantage *= 1 - (cumulative[i][t] / running if running > 0 else 0.0)

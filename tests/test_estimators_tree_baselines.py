@@ -73,6 +73,8 @@ TREE_OTB_GRID = [
     {"fork_budget": 2}, {"own_share": False}, {"shrink": 0.0, "scale": "none"},
     {"fork_budget": 4, "min_group": 3, "horizon": "each", "own_share": False, "shrink": 2.0},
     {"shrink": "auto"}, {"shrink": "auto", "fork_budget": 4, "horizon": "each", "own_share": False},
+    {"prefix_mean": False, "ridge": 0.0}, {"prefix_mean": False, "own_share": False, "ridge": 0.3},
+    {"ridge": 1.0, "scale": "group_std"}, {"fork_budget": 0, "ridge": 0.0},
 ]
 
 
@@ -134,7 +136,8 @@ def test_any_boundary_stage_gives_the_reference_on_its_nodes(stages):
         batch, where = batch_of(groups)
         override = {"select_boundaries": "collision"} if stages == "collision" else {"retain_nodes": "full_tree"}
         for name in ("tree_rloo", "tree_otb"):
-            got = lp.estimate(batch, name, stages=override, own_share=False, scale="none").advantages \
+            got = lp.estimate(batch, name, stages=override, own_share=False, scale="none", prefix_mean=False,
+                              ridge=0.0).advantages \
                 if name == "tree_otb" else lp.estimate(batch, name, stages=override, scale="none").advantages
             expected = []
             for g, group in enumerate(groups):

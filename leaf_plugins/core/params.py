@@ -30,7 +30,11 @@ class EstimatorParams:
     divides their advantages by the group's reward std (``group_std``, as GRPO) or not
     (``none``);
     ``own_share`` lets ``tree_otb`` weigh the response's own return in its baseline by its
-    share of the path-variance weights, as verl's OTB does (biased, lower variance).
+    share of the path-variance weights, as verl's OTB does (biased, lower variance);
+    ``prefix_mean`` gives each token of ``tree_otb`` the mean advantage of the responses
+    that share its prefix through it (the same batch gradient, less noise per token);
+    ``ridge`` is the weight every token adds to its score weight in ``tree_otb``'s κ
+    (0: the variance-optimal baseline; larger: closer to the state value).
     """
 
     fork_budget: int = 2
@@ -43,6 +47,8 @@ class EstimatorParams:
     shrink: float | str = 4.0
     scale: str = "group_std"
     own_share: bool = True
+    prefix_mean: bool = False
+    ridge: float = 0.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -62,8 +68,11 @@ class EstimatorParams:
             isinstance(self.shrink, bool) or not isinstance(self.shrink, (int, float)) or not 0 <= self.shrink < float("inf")
         ):
             problems.append(f"shrink must be a finite number >= 0 or 'auto', got {self.shrink!r}")
-        if not isinstance(self.own_share, bool):
-            problems.append(f"own_share must be true or false, got {self.own_share!r}")
+        for name in ("own_share", "prefix_mean"):
+            if not isinstance(getattr(self, name), bool):
+                problems.append(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if isinstance(self.ridge, bool) or not isinstance(self.ridge, (int, float)) or not 0 <= self.ridge < float("inf"):
+            problems.append(f"ridge must be a finite number >= 0, got {self.ridge!r}")
         if problems:
             raise ConfigError("; ".join(problems))
 

@@ -10,8 +10,12 @@ as ``b = f + κ · (V̂(s) − f)``:
   prefix;
 * ``κ``: how far below the value the score-weighted return lies, for states of the
   token's kind, learnt from the *other groups* of the batch:
-  ``κ = Σ w (r − f) / Σ w (r̄_group − f)`` over their tokens whose state has a similar
-  ``1 − Σπ²`` (bins ``KAPPA_EDGES``); 1 when the batch has no other group;
+  ``κ = Σ (w + ridge) (r − f) / Σ (w + ridge) (r̄_group − f)`` over their tokens whose
+  state has a similar ``1 − Σπ²`` (bins ``KAPPA_EDGES``); 1 when the batch has no other
+  group. ``ridge`` 0 weighs by the score's squared norm alone (the variance-optimal
+  baseline); a ridge also weighs every token's squared advantage, which pulls the
+  baseline of near-deterministic states (``w`` ≈ 0) toward their value and keeps their
+  advantages small (``RIDGE``, chosen by the credit benchmark);
 * ``f``: the lowest reward of the other groups (the origin of the ratio, so that shifting
   all rewards shifts the baseline with them).
 
@@ -20,6 +24,11 @@ the baseline is unbiased. With ``own_share`` (the default), the advantage is the
 multiplied by ``1 − W_i,t / Σ_j W_j,t`` (``W`` the cumulative weights of the group's
 responses still running), which is verl's OTB including the response's own return in
 its baseline: a bias that shrinks the advantages of high-variance paths.
+
+With ``prefix_mean`` (the default) every token gets the mean of that advantage over the
+responses that share its prefix through it (``prefix_intervals``): the same batch
+gradient, without the part of the advantage that only says which continuation the
+response took.
 """
 
 from __future__ import annotations
@@ -35,12 +44,16 @@ from leaf_plugins.estimators.node_shrinkage import node_shrink
 from leaf_plugins.estimators.tree_baselines import path_baselines
 from leaf_plugins.estimators.tree_rloo import TreeRLOO, group_scale
 from leaf_plugins.estimators.otb import real_tokens, stable_token_weights
+from leaf_plugins.estimators.prefix_intervals import PathIntervals, path_intervals
 from leaf_plugins.estimators.scratch import scratch
 
 __all__ = ["TreeOTB", "KAPPA_EDGES", "LANES", "value_ratios", "token_slots"]
 
 KAPPA_EDGES = (1e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3)
 """Bin edges on a state's ``1 − Σπ²``: near-deterministic states first, decisions last."""
+
+RIDGE = 0.025
+"""The default ``ridge``: the weight every token adds to ``w`` in κ's sums (see the module)."""
 
 KINDS = len(KAPPA_EDGES) + 1
 """Kinds of state: the bins of ``KAPPA_EDGES``."""
@@ -57,8 +70,8 @@ _EDGE_BITS = torch.tensor(KAPPA_EDGES, dtype=torch.float32).view(torch.int32).to
 class TreeOTB(TreeRLOO):
     """Tree OTB: prefix leave-one-out values scaled to the variance-optimal baseline."""
 
-    parameters = TreeRLOO.parameters | {"own_share"}
-    defaults = {"scale": "none"}
+    parameters = TreeRLOO.parameters | {"own_share", "prefix_mean", "ridge"}
+    defaults = {"scale": "none", "prefix_mean": True, "ridge": RIDGE}
 
     @hookimpl
     def compute_advantages(self, batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) -> torch.Tensor:
@@ -66,31 +79,30 @@ class TreeOTB(TreeRLOO):
         with torch.inference_mode():
             real = real_tokens(batch)  # [N, T] float32 1.0 / 0.0
             weights, spread = stable_token_weights(batch, real)  # [N, T] w, 1 − Σπ² (0 on padding; scratch)
-            slot = token_slots(spread, baselines.bounds)  # [N, T] int64 (segment, lane, kind of state)
+            intervals = path_intervals(batch, baselines.bounds, params.prefix_mean)  # E+1 per response
+            slot = token_slots(spread, intervals.token_intervals(batch.width))  # [N, T] (interval, lane, kind)
             lowest = _other_groups_floor(batch)  # [G] f
-            segments = baselines.bounds.shape[1]  # D+2: the path's and the padding
-            kappa = value_ratios(batch, weights, slot, segments, lowest)  # [N, kinds] κ of each response's group
-            table = _advantage_table(batch, baselines.values, kappa, lowest, params)  # [N, (D+2) · LANES · kinds]
+            ridged = weights.add(real, alpha=params.ridge) if params.ridge else weights  # [N, T] w + ridge
+            kappa = value_ratios(batch, ridged, slot, intervals.starts.shape[1], lowest)  # [N, kinds] κ
+            table = _advantage_table(batch, baselines.values, intervals, kappa, lowest, params)  # [N, (E+1)·LANES·kinds]
             share = _own_share(batch, weights, real) if params.own_share else None  # [N, T] W_i / Σ_j W_j
         # out of inference mode: the result is an ordinary tensor
-        advantage = torch.gather(table, 1, slot)  # [N, T] ((r − f) − κ (V̂ − f)) / c, 0 on padding
+        advantage = torch.gather(table, 1, slot)  # [N, T] class mean of ((r − f) − κ (V̂ − f)) / c, 0 on padding
         return advantage if share is None else advantage.addcmul_(advantage, share, value=-1)
 
 
-def token_slots(spread: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
-    """``[N, T]`` int64 slot ``((segment · LANES) + lane) · kinds + kind`` of every token,
-    in the scratch buffer ``"tree_otb slot"``: its segment of the path
-    (``bounds [N, D+2]`` of ``PathBaselines``; segment ``D+1`` is the padding), its
-    accumulator lane ``t mod LANES`` and the bin ``kind`` of its state's ``spread [N, T]``
-    (float32 ``1 − Σπ²``) among ``KAPPA_EDGES`` (``torch.bucketize``'s bins:
-    ``edge[k−1] < x ≤ edge[k]``).
+def token_slots(spread: torch.Tensor, intervals: torch.Tensor) -> torch.Tensor:
+    """``[N, T]`` int64 slot ``((interval · LANES) + lane) · kinds + kind`` of every
+    token, in the scratch buffer ``"tree_otb slot"``: its interval (``intervals [N, T]``
+    int32, ``PathIntervals.token_intervals``), its accumulator lane ``t mod LANES`` and
+    the bin ``kind`` of its state's ``spread [N, T]`` (float32 ``1 − Σπ²``) among
+    ``KAPPA_EDGES`` (``torch.bucketize``'s bins: ``edge[k−1] < x ≤ edge[k]``).
 
-    Kinds and segments are counted as the edges and segment starts at or below the token,
-    one int32 compare each. Kinds compare the float32 bit patterns as int32: for
-    ``x >= 0`` they order as the values, and a negative ``x`` (or −0) has a negative
-    pattern, below every edge, as its value is. Same-dtype int32 compares are vectorised;
-    a float compare into a bool mask is not (4× slower here), and a binary search per
-    token (``bucketize``) is 5× slower than all seven compares.
+    Kinds are counted as the edges at or below the token, one int32 compare each, on the
+    float32 bit patterns: for ``x >= 0`` they order as the values, and a negative ``x``
+    (or −0) has a negative pattern, below every edge, as its value is. Same-dtype int32
+    compares are vectorised; a float compare into a bool mask is not (4× slower here),
+    and a binary search per token (``bucketize``) is 5× slower than all seven compares.
     """
     shape = tuple(spread.shape)
     device = spread.device
@@ -100,18 +112,17 @@ def token_slots(spread: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
     torch.gt(bits, _EDGE_BITS[0], out=count)
     for edge in _EDGE_BITS[1:]:
         count.add_(torch.gt(bits, edge, out=above))
+    count.add_(intervals, alpha=LANES * KINDS)
     positions = torch.arange(shape[1], dtype=torch.int32, device=device)  # [T]
-    for start in bounds[:, 1:].int().unbind(dim=1):  # [N] each: segments 1 … D and the padding
-        count.add_(torch.ge(positions, start.unsqueeze(1), out=above), alpha=LANES * KINDS)
     count.add_(positions % LANES * KINDS)  # the lane
     return scratch("tree_otb slot", shape, torch.int64, device).copy_(count)
 
 
-def value_ratios(batch: RolloutBatch, weights: torch.Tensor, slot: torch.Tensor, segments: int,
+def value_ratios(batch: RolloutBatch, weights: torch.Tensor, slot: torch.Tensor, intervals: int,
                  floor: torch.Tensor) -> torch.Tensor:
     """``[N, kinds]`` float64 κ of each response's group for every kind of state, from
     the other groups (see the module), measured from each group's ``floor [G]``
-    (``slot [N, T]`` of ``token_slots`` on ``segments`` segments).
+    (``slot [N, T]`` of ``token_slots`` on ``intervals`` intervals per response).
 
     Rewards are constant along a response, so each response's weight per kind,
     ``Σ_t w [kind]`` ``[N, kinds]``, is all the ``[N, T]`` data needed. It is summed in
@@ -120,8 +131,8 @@ def value_ratios(batch: RolloutBatch, weights: torch.Tensor, slot: torch.Tensor,
     sums over responses and groups, where cancellation can happen, in float64.
     """
     layout = batch.groups
-    slots = torch.zeros(batch.size, segments * LANES, KINDS, dtype=weights.dtype, device=batch.device)
-    slots.view(batch.size, -1).scatter_add_(1, slot, weights)  # [N, segments · LANES, kinds]
+    slots = torch.zeros(batch.size, intervals * LANES, KINDS, dtype=weights.dtype, device=batch.device)
+    slots.view(batch.size, -1).scatter_add_(1, slot, weights)  # [N, intervals · LANES, kinds]
     per_response_weight = slots.sum(dim=1).double()  # [N, kinds] Σ_t w per kind (0 on padding)
     rewards = batch.rewards.double()  # [N]
     terms = torch.stack([rewards, per_response(group_mean(rewards, layout), layout), torch.ones_like(rewards)], dim=1)
@@ -133,24 +144,26 @@ def value_ratios(batch: RolloutBatch, weights: torch.Tensor, slot: torch.Tensor,
     return per_response(ratio, layout)
 
 
-def _advantage_table(batch: RolloutBatch, values: torch.Tensor, kappa: torch.Tensor, lowest: torch.Tensor,
-                     params: EstimatorParams) -> torch.Tensor:
-    """``[N, (D+2) · LANES · kinds]`` float32 advantage before the own share of every
-    slot of ``token_slots``: ``((r − f) − κ (V̂ − f)) / c`` (``values [N, D+1]`` V̂,
-    ``kappa [N, kinds]`` κ, ``lowest [G]`` f), in float64 and then rounded; 0 on the
-    padding segment and, without the own share, for a response alone in its group."""
+def _advantage_table(batch: RolloutBatch, values: torch.Tensor, intervals: PathIntervals, kappa: torch.Tensor,
+                     lowest: torch.Tensor, params: EstimatorParams) -> torch.Tensor:
+    """``[N, (E+1) · LANES · kinds]`` float32 advantage before the own share of every
+    slot of ``token_slots``: the mean over the interval's prefix class of
+    ``((r − f) − κ (V̂ − f)) / c`` (``values [N, D+1]`` V̂ on each path segment,
+    ``kappa [N, kinds]`` κ, ``lowest [G]`` f; κ, f and c are the same for the whole
+    class), in float64 and then rounded; 0 on the padding and, without the own share,
+    for a response alone in its group."""
     layout = batch.groups
     floor = per_response(lowest, layout).unsqueeze(1)  # [N, 1]
     columns = torch.cat([batch.rewards.double().unsqueeze(1), values], dim=1).sub_(floor)  # [N, D+2] r − f, V̂ − f
     if params.scale != "none":
         columns.div_(per_response(group_scale(batch, params), layout).unsqueeze(1))
-    above, spread = columns[:, :1], columns[:, 1:]  # [N, 1], [N, D+1]
-    segments = (above.unsqueeze(2) - kappa.unsqueeze(1) * spread.unsqueeze(2)).float()  # [N, D+1, kinds]
+    above = intervals.class_means(columns[:, :1])  # [N, E+1]
+    spread = intervals.class_means(columns[:, 1:])  # [N, E+1]
+    table = (above.unsqueeze(2) - kappa.unsqueeze(1) * spread.unsqueeze(2)).float()  # [N, E+1, kinds]
+    table.mul_((intervals.segment < values.shape[1]).unsqueeze(2))  # 0 on the padding
     if not params.own_share:  # a response alone has no other to learn from: 0, as with its own share
-        segments.mul_((per_response(layout.sizes, layout) > 1).view(-1, 1, 1))
-    table = torch.zeros(batch.size, values.shape[1] + 1, LANES, KINDS, dtype=torch.float32, device=batch.device)
-    table[:, :-1] = segments.unsqueeze(2)
-    return table.view(batch.size, -1)
+        table.mul_((per_response(layout.sizes, layout) > 1).view(-1, 1, 1))
+    return table.unsqueeze(2).expand(-1, -1, LANES, -1).reshape(batch.size, -1)
 
 
 def _other_groups_floor(batch: RolloutBatch) -> torch.Tensor:

@@ -1,0 +1,115 @@
+"""Each response's positions cut where its path segment or its prefix class changes.
+
+A response's *prefix class* at position ``t`` is the set of its group's responses whose
+tokens ``0 … t`` equal its own (itself included). They are in the same state and take
+the same action at ``t``, so their tokens there have the same score
+``∇ log π(a_t | s_t)``, and the batch gradient only sees the *sum* of their advantages at
+``t``. Replacing each by the class mean (``prefix_mean``) keeps every such sum, and so
+the gradient, exactly (under a loss that weighs every token of the step alike, as the
+trainer's ``token_mean``), and gives the tokens the least squared advantages with those
+sums: the part of a token's advantage that only says which continuation its own
+response happened to take after ``t`` is averaged over all of the class's
+continuations.
+
+The class shrinks as ``t`` grows, at most ``K − 1`` times: where the response stops
+sharing its prefix with one of the others (their exact longest common prefix, from the
+lexicographic order of ``SortedPrefixes``). Together with the ``D + 1`` starts of its
+path segments (``PathBaselines.bounds``) these *events* cut its positions into
+intervals on each of which both stay the same, so per-interval values (an ``[N, E + 1]``
+table) and one gather per token give every token its class mean.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from leaf_plugins.core.batch import RolloutBatch
+from leaf_plugins.estimators.prefixes import SortedPrefixes, range_minima
+
+__all__ = ["PathIntervals", "path_intervals", "shared_prefix_lengths"]
+
+
+@dataclass(frozen=True)
+class PathIntervals:
+    """Per response, the intervals of positions with one path segment and one class.
+
+    Interval ``c`` starts at ``starts[:, c]`` (``starts[:, 0] = 0``, non-decreasing; an
+    interval may be empty) and runs to the next start. Token ``t`` is in interval
+    ``#(events <= t)`` (``token_intervals``).
+    """
+
+    events: torch.Tensor  # [N, E] int64 sorted positions where an interval starts, at most the width
+    starts: torch.Tensor  # [N, E+1] int64 first position of each interval
+    segment: torch.Tensor  # [N, E+1] int64 path segment of each interval (D+1: the padding)
+    partners: torch.Tensor  # [N, K] int64 batch index of the group's responses (0 where none)
+    members: torch.Tensor  # [N, E+1, K] bool: partner k is in the response's class on the interval
+
+    def token_intervals(self, width: int) -> torch.Tensor:
+        """``[N, T]`` int32 interval of every token: the number of events at or before it
+        (one scatter of the events and one running sum, not one compare per event)."""
+        rows = self.events.shape[0]
+        marks = torch.zeros(rows, width + 1, dtype=torch.int32, device=self.events.device)  # [N, T+1]
+        marks.scatter_add_(1, self.events, torch.ones_like(self.events, dtype=torch.int32))
+        return marks[:, :width].cumsum_(dim=1, dtype=torch.int32) if width else marks[:, :0]
+
+    def class_means(self, per_segment: torch.Tensor) -> torch.Tensor:
+        """``[N, E+1]`` the mean, over each interval's class, of the members' values
+        ``per_segment [N, S]`` on the interval's path segment (clamped to ``S − 1``: a
+        per-response value is ``[N, 1]``). The members share the response's tokens up to
+        the interval, so they are on the same segment of the same path."""
+        partners = self.partners.shape[1]
+        rows = per_segment.index_select(0, self.partners.reshape(-1)).view(-1, partners, per_segment.shape[1])
+        index = self.segment.clamp(max=per_segment.shape[1] - 1).unsqueeze(1).expand(-1, partners, -1)
+        values = rows.gather(2, index).transpose(1, 2)  # [N, E+1, K]
+        mask = self.members.to(per_segment.dtype)  # [N, E+1, K]
+        return (values * mask).sum(dim=2) / mask.sum(dim=2).clamp(min=1)
+
+
+@torch.inference_mode()
+def shared_prefix_lengths(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """``([N, K] int64, [N, K] int64)``: for response ``i`` and slot ``k`` of its group,
+    the number of leading tokens ``i`` shares with that slot's response (the width for
+    itself and for an identical response, ``-1`` for an empty slot), and that
+    response's batch index (0 for an empty slot). Exact: from the adjacent LCPs of the
+    lexicographic order, whose pairwise minima are every pair's LCP."""
+    prefixes = SortedPrefixes.lexicographic(batch)
+    width, slots = batch.width, prefixes.max_size
+    spans = range_minima(prefixes.gap_matrix)  # [G, K-1(a), K-1(k)]: LCP of sorted slots a and k+1, a <= k
+    groups = prefixes.groups
+    pairwise = torch.full((groups, slots, slots), width, dtype=torch.int64, device=batch.device)  # [G, K, K]
+    if slots > 1:
+        upper = pairwise[:, :-1, 1:]  # [G, K-1, K-1]: slot a against slot k+1
+        upper.copy_(torch.where(spans >= 0, spans, upper))
+        lower = pairwise.transpose(1, 2)[:, :-1, 1:]  # the same pairs, seen from the later slot
+        lower.copy_(torch.where(spans >= 0, spans, lower))
+    sizes = prefixes.sizes.view(-1, 1)  # [G, 1]
+    empty = torch.arange(slots, device=batch.device) >= sizes  # [G, K]
+    pairwise.masked_fill_(empty.unsqueeze(1), -1)
+    shared = torch.empty((batch.size, slots), dtype=torch.int64, device=batch.device)
+    shared[prefixes.order] = pairwise[prefixes.group, prefixes.slot]  # [N, K] in batch order
+    partners = prefixes.per_group(prefixes.order, 0)[batch.groups.index]  # [N, K]
+    return shared, partners
+
+
+@torch.inference_mode()
+def path_intervals(batch: RolloutBatch, bounds: torch.Tensor, prefix_classes: bool) -> PathIntervals:
+    """The intervals of every response's positions (see the module) from its path
+    segments' ``bounds [N, D+2]`` (``PathBaselines``) and, with ``prefix_classes``, the
+    positions where its prefix class shrinks. Without them every class is the response
+    alone and the intervals are the path segments."""
+    width = batch.width
+    starts_of_segments = bounds[:, 1:]  # [N, D+1]: the path's nodes, then the padding
+    if prefix_classes and batch.size > 1:
+        shared, partners = shared_prefix_lengths(batch)  # [N, K] each
+    else:
+        shared = torch.full((batch.size, 1), width, dtype=torch.int64, device=batch.device)
+        partners = torch.arange(batch.size, device=batch.device).unsqueeze(1)
+    partings = torch.where(shared >= 0, shared, width)  # [N, K]: an empty slot parts nowhere
+    events = torch.cat([starts_of_segments, partings], dim=1).clamp_(max=width)  # [N, E]
+    events = events.sort(dim=1).values
+    starts = torch.cat([torch.zeros_like(events[:, :1]), events], dim=1)  # [N, E+1]
+    segment = (starts_of_segments.unsqueeze(1) <= starts.unsqueeze(2)).sum(dim=2)  # [N, E+1]
+    members = shared.unsqueeze(1) > starts.unsqueeze(2)  # [N, E+1, K]: still sharing at the start
+    return PathIntervals(events, starts, segment, partners, members)

@@ -1,0 +1,146 @@
+"""``tree_otb``'s prefix means and ridge: hand-worked values, and the batch gradient kept.
+
+The slow reference of the whole estimator (tests/reference_tree_baselines.py, compared in
+test_estimators_tree_baselines.py) covers every parameter together; these tests pin the
+two ideas down on their own.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import leaf_plugins as lp
+from leaf_plugins.core.errors import ConfigError
+from leaf_plugins.estimators.prefix_intervals import shared_prefix_lengths
+
+
+def test_prefix_means_by_hand():
+    """One group, no node (B = 0), one kind of state, no own share: κ = 1 and f = 0, so
+    the unaveraged advantage is r_i − (leave-one-out mean). Rewards 1, 0, 0.5: those are
+    0.75, −0.75, 0. Token 0: all three share [1]: mean 0. Token 1: responses 0 and 1
+    share [1, 2]: mean 0; response 2 ([1, 5]) is alone: 0. Token 2: each alone."""
+    batch = lp.RolloutBatch.from_lists([[1, 2, 3], [1, 2, 4], [1, 5]], [1.0, 0.0, 0.5], [0, 0, 0],
+                                       surprisal=[[1, 1, 1], [1, 1, 1], [1, 1]],
+                                       logprobs=[[math.log(0.5)] * 3] * 2 + [[math.log(0.5)] * 2],
+                                       sum_pi_squared=[[0.5] * 3] * 2 + [[0.5] * 2])
+    plain = lp.estimate(batch, "tree_otb", fork_budget=0, own_share=False, prefix_mean=False).advantages
+    assert plain[:, 0].tolist() == pytest.approx([0.75, -0.75, 0.0], abs=1e-6)
+    got = lp.estimate(batch, "tree_otb", fork_budget=0, own_share=False).advantages
+    assert got[0, :3].tolist() == pytest.approx([0.0, 0.0, 0.75], abs=1e-6)
+    assert got[1, :3].tolist() == pytest.approx([0.0, 0.0, -0.75], abs=1e-6)
+    assert got[2, :2].tolist() == pytest.approx([0.0, 0.0], abs=1e-6)
+    assert got[2, 2].item() == 0.0, "padding stays 0"
+
+
+def test_ridge_by_hand():
+    """Group 1 (the other group of group 0): two one-token responses in one bin of
+    1 − Σπ² (0.5), π = 0.5 (w = 0.5, reward 1) and π = 0.2 (w = 1.1, reward 0). For group
+    0, f = 0 and κ = Σ(w + ρ)(r − f) / Σ(w + ρ)(r̄ − f) = (0.5 + ρ) / (0.8 + ρ): 0.625 at
+    ridge ρ = 0, 0.8333 at ρ = 1. Group 0's response 0 (reward 1) has the other's reward
+    3 as its value: A = 1 − 3κ."""
+    batch = lp.RolloutBatch.from_lists([[1], [2], [1], [2]], [1.0, 3.0, 1.0, 0.0], [0, 0, 1, 1],
+                                       surprisal=[[1]] * 4,
+                                       logprobs=[[math.log(0.5)], [math.log(0.5)], [math.log(0.5)], [math.log(0.2)]],
+                                       sum_pi_squared=[[0.5]] * 4)
+    for ridge, kappa in ((0.0, 0.625), (1.0, 1.5 / 1.8)):
+        got = lp.estimate(batch, "tree_otb", fork_budget=0, own_share=False, ridge=ridge).advantages
+        assert got[0, 0].item() == pytest.approx(1 - 3 * kappa, abs=1e-6)
+
+
+def consistent_policy_batch(seed: int) -> lp.RolloutBatch:
+    """Groups whose responses share prefixes, with π and Σπ² a function of the prefix
+    (as a real policy's are), so that tokens of one prefix class have one score."""
+    rng = random.Random(seed)
+    tokens, rewards, group_ids, logprobs, squares = [], [], [], [], []
+    for group in range(rng.randint(1, 4)):
+        trunk = [rng.randint(0, 3) for _ in range(6)]
+        for _ in range(rng.randint(1, 6)):
+            cut = rng.randint(0, 6)
+            row = trunk[:cut] + [rng.randint(0, 3) for _ in range(rng.randint(1, 6))]
+            tokens.append(row)
+            rewards.append(rng.choice([0.0, 0.25, 1.0, rng.random()]))
+            group_ids.append(group)
+            policy = [random.Random(hash((seed, group, tuple(row[: t + 1])))) for t in range(len(row))]
+            probability = [p.choice([1.0, p.uniform(0.05, 0.99)]) for p in policy]
+            logprobs.append([math.log(p) for p in probability])
+            squares.append([p * p + (1 - p) ** 2 * 0.5 for p in probability])
+    return lp.RolloutBatch.from_lists(tokens, rewards, group_ids, surprisal=[[-x for x in row] for row in logprobs],
+                                      logprobs=logprobs, sum_pi_squared=squares)
+
+
+def prefix_class_sums(batch: lp.RolloutBatch, advantages: torch.Tensor) -> dict[tuple, float]:
+    """Σ of the advantages of every (group, position, exact prefix through it)."""
+    sums: dict[tuple, float] = {}
+    for i in range(batch.size):
+        row = batch.tokens[i, : int(batch.lengths[i])].tolist()
+        for t in range(len(row)):
+            key = (int(batch.groups.index[i]), t, tuple(row[: t + 1]))
+            sums[key] = sums.get(key, 0.0) + float(advantages[i, t])
+    return sums
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), own_share=st.booleans(), fork_budget=st.integers(0, 3))
+def test_prefix_means_keep_the_batch_gradient(seed, own_share, fork_budget):
+    """Tokens with the same prefix through them have the same score, so the batch
+    gradient is a function of the per-class sums: they must not change, and every token
+    of a class gets the same advantage."""
+    batch = consistent_policy_batch(seed)
+    params = {"own_share": own_share, "fork_budget": fork_budget}
+    plain = lp.estimate(batch, "tree_otb", prefix_mean=False, **params).advantages
+    averaged = lp.estimate(batch, "tree_otb", **params).advantages
+    before, after = prefix_class_sums(batch, plain), prefix_class_sums(batch, averaged)
+    assert before.keys() == after.keys()
+    for key in before:
+        assert after[key] == pytest.approx(before[key], abs=2e-5), key
+    counts = {key: 0 for key in before}
+    for i in range(batch.size):
+        row = batch.tokens[i, : int(batch.lengths[i])].tolist()
+        for t in range(len(row)):
+            key = (int(batch.groups.index[i]), t, tuple(row[: t + 1]))
+            counts[key] += 1
+    for i in range(batch.size):
+        row = batch.tokens[i, : int(batch.lengths[i])].tolist()
+        for t in range(len(row)):
+            key = (int(batch.groups.index[i]), t, tuple(row[: t + 1]))
+            assert float(averaged[i, t]) == pytest.approx(after[key] / counts[key], abs=2e-5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_shared_prefix_lengths_are_every_pairs_longest_common_prefix(seed):
+    batch = consistent_policy_batch(seed)
+    shared, partners = shared_prefix_lengths(batch)
+    rows = [batch.tokens[i, : int(batch.lengths[i])].tolist() for i in range(batch.size)]
+    for i in range(batch.size):
+        group = int(batch.groups.index[i])
+        members = [j for j in range(batch.size) if int(batch.groups.index[j]) == group]
+        assert sorted(int(p) for p, s in zip(partners[i], shared[i]) if s >= 0) == members
+        for partner, length in zip(partners[i].tolist(), shared[i].tolist()):
+            if length < 0:
+                continue
+            a, b = rows[i], rows[partner]
+            common = next((t for t, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            if a == b:
+                assert length == batch.width
+            elif len(a) != len(b) and common == min(len(a), len(b)):
+                assert length == common  # one is a prefix of the other: they part at the padding
+            else:
+                assert length == common
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"prefix_mean": "yes"}, "prefix_mean must be true or false"),
+    ({"ridge": -0.1}, "ridge must be a finite number >= 0"),
+    ({"ridge": float("inf")}, "ridge must be a finite number >= 0"),
+    ({"ridge": True}, "ridge must be a finite number >= 0"),
+])
+def test_bad_prefix_mean_and_ridge_are_named(params, message):
+    with pytest.raises(ConfigError, match=message):
+        lp.Engine("tree_otb", params)
