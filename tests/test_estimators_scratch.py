@@ -29,17 +29,17 @@ def test_a_purpose_reuses_its_buffer_and_grows_when_needed():
 
 
 def test_threads_get_their_own_buffers():
-    pointers = {}
+    buffers = {}  # the buffers themselves, kept alive: a dead thread's freed one could be reused
 
     def take(name):
-        pointers[name] = scratch("test", (8,), torch.float32, torch.device("cpu")).data_ptr()
+        buffers[name] = scratch("test", (8,), torch.float32, torch.device("cpu"))
 
     threads = [threading.Thread(target=take, args=(name,)) for name in ("a", "b")]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert pointers["a"] != pointers["b"]
+    assert buffers["a"].data_ptr() != buffers["b"].data_ptr()
 
 
 @pytest.mark.parametrize("estimator", TREE_ESTIMATORS)
