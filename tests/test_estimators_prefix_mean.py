@@ -74,15 +74,14 @@ def consistent_policy_batch(seed: int) -> lp.RolloutBatch:
                                       logprobs=logprobs, sum_pi_squared=squares)
 
 
-def prefix_class_sums(batch: lp.RolloutBatch, advantages: torch.Tensor) -> dict[tuple, float]:
-    """Σ of the advantages of every (group, position, exact prefix through it)."""
-    sums: dict[tuple, float] = {}
+def prefix_classes(batch: lp.RolloutBatch) -> list[tuple[int, int, tuple]]:
+    """``(response, position, class)`` of every real token: the class is (group,
+    position, the exact prefix through it)."""
+    tokens = []
     for i in range(batch.size):
         row = batch.tokens[i, : int(batch.lengths[i])].tolist()
-        for t in range(len(row)):
-            key = (int(batch.groups.index[i]), t, tuple(row[: t + 1]))
-            sums[key] = sums.get(key, 0.0) + float(advantages[i, t])
-    return sums
+        tokens += [(i, t, (int(batch.groups.index[i]), t, tuple(row[: t + 1]))) for t in range(len(row))]
+    return tokens
 
 
 @settings(max_examples=40, deadline=None)
@@ -95,21 +94,16 @@ def test_prefix_means_keep_the_batch_gradient(seed, own_share, fork_budget):
     params = {"own_share": own_share, "fork_budget": fork_budget}
     plain = lp.estimate(batch, "tree_otb", prefix_mean=False, **params).advantages
     averaged = lp.estimate(batch, "tree_otb", **params).advantages
-    before, after = prefix_class_sums(batch, plain), prefix_class_sums(batch, averaged)
-    assert before.keys() == after.keys()
+    tokens = prefix_classes(batch)
+    before, after, counts = {}, {}, {}
+    for i, t, key in tokens:
+        before[key] = before.get(key, 0.0) + float(plain[i, t])
+        after[key] = after.get(key, 0.0) + float(averaged[i, t])
+        counts[key] = counts.get(key, 0) + 1
     for key in before:
         assert after[key] == pytest.approx(before[key], abs=2e-5), key
-    counts = {key: 0 for key in before}
-    for i in range(batch.size):
-        row = batch.tokens[i, : int(batch.lengths[i])].tolist()
-        for t in range(len(row)):
-            key = (int(batch.groups.index[i]), t, tuple(row[: t + 1]))
-            counts[key] += 1
-    for i in range(batch.size):
-        row = batch.tokens[i, : int(batch.lengths[i])].tolist()
-        for t in range(len(row)):
-            key = (int(batch.groups.index[i]), t, tuple(row[: t + 1]))
-            assert float(averaged[i, t]) == pytest.approx(after[key] / counts[key], abs=2e-5)
+    for i, t, key in tokens:
+        assert float(averaged[i, t]) == pytest.approx(after[key] / counts[key], abs=2e-5)
 
 
 @settings(max_examples=40, deadline=None)
@@ -126,13 +120,9 @@ def test_shared_prefix_lengths_are_every_pairs_longest_common_prefix(seed):
             if length < 0:
                 continue
             a, b = rows[i], rows[partner]
+            # one a prefix of the other: they part where the shorter one's padding starts
             common = next((t for t, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            if a == b:
-                assert length == batch.width
-            elif len(a) != len(b) and common == min(len(a), len(b)):
-                assert length == common  # one is a prefix of the other: they part at the padding
-            else:
-                assert length == common
+            assert length == (batch.width if a == b else common)
 
 
 @pytest.mark.parametrize("params, message", [

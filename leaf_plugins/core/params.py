@@ -64,14 +64,12 @@ class EstimatorParams:
             problems.append(f"std_floor must be a number >= 0, got {self.std_floor!r}")
         if not isinstance(self.eps, (int, float)) or self.eps <= 0:
             problems.append(f"eps must be a number > 0, got {self.eps!r}")
-        if self.shrink != "auto" and (
-            isinstance(self.shrink, bool) or not isinstance(self.shrink, (int, float)) or not 0 <= self.shrink < float("inf")
-        ):
+        if self.shrink != "auto" and not _finite_non_negative(self.shrink):
             problems.append(f"shrink must be a finite number >= 0 or 'auto', got {self.shrink!r}")
         for name in ("own_share", "prefix_mean"):
             if not isinstance(getattr(self, name), bool):
                 problems.append(f"{name} must be true or false, got {getattr(self, name)!r}")
-        if isinstance(self.ridge, bool) or not isinstance(self.ridge, (int, float)) or not 0 <= self.ridge < float("inf"):
+        if not _finite_non_negative(self.ridge):
             problems.append(f"ridge must be a finite number >= 0, got {self.ridge!r}")
         if problems:
             raise ConfigError("; ".join(problems))
@@ -96,3 +94,8 @@ class EstimatorParams:
                 f"Its parameters: {', '.join(accepted) or '(none)'}"
             )
         return cls(**{**(defaults or {}), **values})
+
+
+def _finite_non_negative(value: Any) -> bool:
+    """A number (not a bool) in ``[0, inf)``."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 <= value < float("inf")

@@ -35,16 +35,20 @@ __all__ = ["PathIntervals", "path_intervals", "shared_prefix_lengths"]
 class PathIntervals:
     """Per response, the intervals of positions with one path segment and one class.
 
-    Interval ``c`` starts at ``starts[:, c]`` (``starts[:, 0] = 0``, non-decreasing; an
-    interval may be empty) and runs to the next start. Token ``t`` is in interval
+    Interval 0 starts at position 0 and interval ``c >= 1`` at ``events[:, c − 1]``; each
+    runs to the next start (an interval may be empty). Token ``t`` is in interval
     ``#(events <= t)`` (``token_intervals``).
     """
 
     events: torch.Tensor  # [N, E] int64 sorted positions where an interval starts, at most the width
-    starts: torch.Tensor  # [N, E+1] int64 first position of each interval
     segment: torch.Tensor  # [N, E+1] int64 path segment of each interval (D+1: the padding)
     partners: torch.Tensor  # [N, K] int64 batch index of the group's responses (0 where none)
     members: torch.Tensor  # [N, E+1, K] bool: partner k is in the response's class on the interval
+
+    @property
+    def count(self) -> int:
+        """Intervals per response, ``E + 1``."""
+        return self.events.shape[1] + 1
 
     def token_intervals(self, width: int) -> torch.Tensor:
         """``[N, T]`` int32 interval of every token: the number of events at or before it
@@ -112,4 +116,4 @@ def path_intervals(batch: RolloutBatch, bounds: torch.Tensor, prefix_classes: bo
     starts = torch.cat([torch.zeros_like(events[:, :1]), events], dim=1)  # [N, E+1]
     segment = (starts_of_segments.unsqueeze(1) <= starts.unsqueeze(2)).sum(dim=2)  # [N, E+1]
     members = shared.unsqueeze(1) > starts.unsqueeze(2)  # [N, E+1, K]: still sharing at the start
-    return PathIntervals(events, starts, segment, partners, members)
+    return PathIntervals(events, segment, partners, members)

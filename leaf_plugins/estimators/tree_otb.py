@@ -83,7 +83,7 @@ class TreeOTB(TreeRLOO):
             slot = token_slots(spread, intervals.token_intervals(batch.width))  # [N, T] (interval, lane, kind)
             lowest = _other_groups_floor(batch)  # [G] f
             ridged = weights.add(real, alpha=params.ridge) if params.ridge else weights  # [N, T] w + ridge
-            kappa = value_ratios(batch, ridged, slot, intervals.starts.shape[1], lowest)  # [N, kinds] κ
+            kappa = value_ratios(batch, ridged, slot, intervals.count, lowest)  # [N, kinds] κ
             table = _advantage_table(batch, baselines.values, intervals, kappa, lowest, params)  # [N, (E+1)·LANES·kinds]
             share = _own_share(batch, weights, real) if params.own_share else None  # [N, T] W_i / Σ_j W_j
         # out of inference mode: the result is an ordinary tensor
