@@ -25,7 +25,13 @@ def test_credit_benchmark_writes_table_csv_and_plots(tmp_path, capsys):
     assert float(oracle["projection"]) == pytest.approx(1.0, abs=4 * float(oracle["projection_ci"]) + 0.02)
     otb = next(row for row in rows if row["estimator"] == "otb" and row["regime"] == "base")
     assert float(otb["cosine_minus_otb"]) != float(otb["cosine_minus_otb"])  # NaN: no pairing with itself
-    assert "| J after learning, normalised | J, direction | J, adam |" in out
+    assert "| J after learning, normalised | J, direction | J, adam | J − grpo, paired" in out
+    # the paired learning difference is the mean over seeds of the two curves' final J difference
+    tree_otb = next(row for row in rows if row["estimator"] == "tree_otb" and row["regime"] == "base")
+    for protocol in ("normalised", "direction", "adam"):
+        assert float(grpo[f"final_reward_{protocol}_minus_grpo"]) != float(grpo[f"final_reward_{protocol}_minus_grpo"])
+        difference = float(tree_otb[f"final_reward_{protocol}"]) - float(grpo[f"final_reward_{protocol}"])
+        assert float(tree_otb[f"final_reward_{protocol}_minus_grpo"]) == pytest.approx(difference, abs=1e-12)
     for picture in ("gradient_cosine.png", "learning_curves_normalised.png", "learning_curves_direction.png",
                     "learning_curves_adam.png"):
         assert (tmp_path / picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -34,6 +40,11 @@ def test_credit_benchmark_writes_table_csv_and_plots(tmp_path, capsys):
 def test_unknown_regime_is_named_with_a_suggestion(capsys):
     assert main(["bench", "credit", "--quick", "--regimes", "bse"]) == 2
     assert "unknown regime 'bse'. Did you mean 'base'?" in capsys.readouterr().err
+
+
+def test_a_seed_count_below_one_is_refused(capsys):
+    assert main(["bench", "credit", "--quick", "--regimes", "base", "--learning-seeds", "0"]) == 2
+    assert "--learning-seeds must be at least 1, got 0" in capsys.readouterr().err
 
 
 def test_a_learning_rate_that_is_not_positive_is_refused(capsys):
@@ -54,5 +65,6 @@ def test_the_learning_rate_sets_the_normalised_protocols_step(monkeypatch, tmp_p
 
     monkeypatch.setattr(sweep, "run_sweep", recording)
     assert main(["bench", "credit", "--quick", "--out", str(tmp_path), "--regimes", "base", "--learning-rate", "1.5",
-                 "--direction-step", "0.5", "--adam-learning-rate", "0.01"]) == 0
+                 "--direction-step", "0.5", "--adam-learning-rate", "0.01", "--learning-seeds", "3"]) == 0
     assert (seen[0].learning_rate, seen[0].direction_step, seen[0].adam_learning_rate) == (1.5, 0.5, 0.01)
+    assert seen[0].learning_seeds == 3

@@ -11,7 +11,7 @@ import torch
 
 from leaf_plugins.bench.credit.environment import Environment, Regime
 from leaf_plugins.bench.credit.exact import exact_gradient, expected_reward, true_advantages
-from leaf_plugins.bench.credit.measures import forkability, group_gradients, interval
+from leaf_plugins.bench.credit.measures import forkability, group_gradients, interval, student_interval, student_quantile
 from leaf_plugins.bench.credit.sampling import sample_groups
 from leaf_plugins.core.tree import Node
 
@@ -203,3 +203,18 @@ def test_interval_is_mean_and_normal_half_width():
     assert result.mean == pytest.approx(2.0)
     assert result.half_width == pytest.approx(1.96 * 1.0 / math.sqrt(3))
     assert result.count == 3
+
+
+def test_student_interval_uses_the_t_quantile_of_its_sample_size():
+    result = student_interval(torch.tensor([1.0, 2.0, 3.0, float("nan")]))
+    assert result.mean == pytest.approx(2.0)
+    assert result.half_width == pytest.approx(4.303 * 1.0 / math.sqrt(3))  # t(0.975, 2 degrees of freedom)
+    assert result.count == 3
+    single = student_interval(torch.tensor([0.5]))
+    assert (single.mean, single.half_width) == (0.5, float("inf"))  # one sample: no interval
+
+
+@pytest.mark.parametrize("freedom, exact", [(1, 12.706), (9, 2.262), (30, 2.042), (40, 2.021), (60, 2.000),
+                                            (120, 1.980)])
+def test_student_quantile_matches_the_tables(freedom, exact):
+    assert student_quantile(freedom) == pytest.approx(exact, abs=0.001)

@@ -41,3 +41,25 @@ def test_adams_first_step_moves_every_parameter_by_the_learning_rate_along_its_g
     env.parameters = env.parameters + rate * (gradient / (gradient.abs() + 1e-8)).reshape(env.parameters.shape)
     assert curve[0].item() == pytest.approx(start)
     assert curve[1].item() == pytest.approx(float(expected_reward(env)), abs=1e-6)
+
+
+def test_paired_learning_gain_differences_seed_by_seed():
+    """Seed s of each estimator is paired: the interval is over the per-seed differences,
+    not the difference of two unpaired means (their spread across seeds cancels)."""
+    from leaf_plugins.bench.credit.measures import Interval
+    from leaf_plugins.bench.credit.sweep import Row, paired_learning_gain
+
+    def row(estimator, finals):
+        finals = torch.tensor(finals, dtype=torch.float64)
+        nothing = Interval(0.0, 0.0, 0)
+        return Row(regime="r", estimator=estimator, cosine=nothing, group_cosines=torch.zeros(1), nmse=0.0, bias=None,
+                   token_correlation=nothing, final_reward={"direction": nothing},
+                   final_rewards={"direction": finals}, start_reward=0.0, fire_rate=0.0, fired_group_size=0.0,
+                   curves={})
+
+    grpo, better = row("grpo", [0.2, 0.5, 0.8]), row("tree_otb", [0.21, 0.52, 0.83])
+    gain = paired_learning_gain([grpo, better], better, "direction")
+    assert gain.mean == pytest.approx(0.02)
+    assert gain.half_width == pytest.approx(4.303 * 0.01 / math.sqrt(3))  # differences 0.01, 0.02, 0.03: std 0.01
+    assert paired_learning_gain([grpo, better], grpo, "direction") is None
+    assert paired_learning_gain([better], better, "direction") is None

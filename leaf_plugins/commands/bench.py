@@ -33,7 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     credit = sub.add_parser("credit", help="credit quality against exact values and gradients (tabular task)")
     credit.add_argument("--out", type=Path, default=Path("results/credit"), help="directory for tables and plots")
     credit.add_argument("--quick", action="store_true", help="a small run (seconds), e.g. for tests")
-    credit.add_argument("--seeds", type=int, help="environments (seeds) per regime")
+    credit.add_argument("--seeds", type=int, help="environments (seeds) per regime for the gradient measures")
+    credit.add_argument("--learning-seeds", type=int, metavar="N",
+                        help="learning curves per regime, estimator and protocol (default 10)")
     credit.add_argument("--regimes", nargs="+", metavar="NAME", help="run only these regimes")
     credit.add_argument("--learning-rate", type=float, metavar="LR",
                         help="the normalised protocol's shared learning rate (default 0.25)")
@@ -106,8 +108,12 @@ def run_credit(args: argparse.Namespace) -> int:
     from leaf_plugins.core.errors import suggest
 
     settings = Settings.quick() if args.quick else Settings()
-    if args.seeds:
-        settings = replace(settings, seeds=args.seeds)
+    for name in ("seeds", "learning_seeds"):
+        value = getattr(args, name)
+        if value is not None:
+            if value < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+            settings = replace(settings, **{name: value})
     for name, value in (("learning_rate", args.learning_rate), ("direction_step", args.direction_step),
                         ("adam_learning_rate", args.adam_learning_rate)):
         if value is not None:

@@ -13,12 +13,12 @@ from leaf_plugins.bench.credit.environment import Environment, Regime
 from leaf_plugins.bench.credit.estimators import ORACLE, advantages_of, estimator_names
 from leaf_plugins.bench.credit.learning import PROTOCOLS, learning_curve
 from leaf_plugins.bench.credit.measures import (
-    Bias, CreditMeasures, Interval, forkability, gradient_bias, interval, measure_credit,
+    Bias, CreditMeasures, Interval, forkability, gradient_bias, interval, measure_credit, student_interval,
 )
 from leaf_plugins.bench.credit.sampling import Groups, sample_groups
 
-__all__ = ["Settings", "Row", "regimes", "run_sweep", "paired_cosine_gain", "markdown_table", "write_csv",
-           "BASELINES"]
+__all__ = ["Settings", "Row", "regimes", "run_sweep", "paired_cosine_gain", "paired_learning_gain", "markdown_table",
+           "write_csv", "BASELINES"]
 
 BASE = Regime()
 SPEECH = Regime(
@@ -71,9 +71,10 @@ def regimes() -> list[Regime]:
 class Settings:
     """How much work one run does (``quick`` for tests)."""
 
-    seeds: int = 3
+    seeds: int = 3  # environments per regime for the gradient and credit measures
     groups: int = 200  # groups per seed for the gradient and credit measures
     bias_groups: int = 2000  # groups (one environment) for the bias of the mean gradient
+    learning_seeds: int = 10  # learning curves per regime, estimator and protocol (seed s: the same for all)
     steps: int = 30  # policy-gradient steps of the learning curves
     groups_per_step: int = 8
     learning_rate: float = 0.25  # the normalised protocol's step size
@@ -87,7 +88,7 @@ class Settings:
 
     @classmethod
     def quick(cls) -> "Settings":
-        return cls(seeds=2, groups=40, bias_groups=200, steps=6, groups_per_step=4)
+        return cls(seeds=2, groups=40, bias_groups=200, learning_seeds=2, steps=6, groups_per_step=4)
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,8 @@ class Row:
     nmse: float
     bias: Bias
     token_correlation: Interval
-    final_reward: dict[str, Interval]  # per protocol
+    final_reward: dict[str, Interval]  # per protocol, Student-t interval over the learning seeds
+    final_rewards: dict[str, torch.Tensor]  # per protocol, [learning_seeds] J at the end of each seed's curve
     start_reward: float
     fire_rate: float
     fired_group_size: float
@@ -165,7 +167,7 @@ def _run_one(regime: Regime, name: str, settings: Settings, samples: _Samples) -
         protocol: torch.stack([
             learning_curve(regime, name, seed, settings.steps, settings.groups_per_step, settings.step_size(protocol),
                            protocol)
-            for seed in range(settings.seeds)
+            for seed in range(settings.learning_seeds)
         ])  # [S, steps+1]
         for protocol in PROTOCOLS
     }
@@ -177,7 +179,8 @@ def _run_one(regime: Regime, name: str, settings: Settings, samples: _Samples) -
         nmse=sum(m.nmse for m in measures) / len(measures),
         bias=bias,
         token_correlation=_pooled([m.token_correlation for m in measures]),
-        final_reward={protocol: interval(curve[:, -1]) for protocol, curve in curves.items()},
+        final_reward={protocol: student_interval(curve[:, -1]) for protocol, curve in curves.items()},
+        final_rewards={protocol: curve[:, -1] for protocol, curve in curves.items()},
         start_reward=float(curves[PROTOCOLS[0]][:, 0].mean()),
         fire_rate=samples.fire_rate,
         fired_group_size=samples.fired_group_size,
@@ -204,11 +207,29 @@ def paired_cosine_gain(rows: list[Row], row: Row, baseline: str = "grpo") -> Int
     return interval(row.group_cosines - other.group_cosines)
 
 
+def paired_learning_gain(rows: list[Row], row: Row, protocol: str, baseline: str = "grpo") -> Interval | None:
+    """Final J minus the baseline's, seed by seed (seed ``s`` starts both from the same
+    environment and the same first groups), mean with its Student-t 95% CI over the
+    seeds; None for the baseline itself or where it was not run. Pairing removes the
+    spread between environments, which dominates the unpaired intervals."""
+    other = next((r for r in rows if r.regime == row.regime and r.estimator == baseline), None)
+    if other is None or other is row:
+        return None
+    return student_interval(row.final_rewards[protocol] - other.final_rewards[protocol])
+
+
 def _gain_text(rows: list[Row], row: Row, baseline: str) -> str:
     gain = paired_cosine_gain(rows, row, baseline)
     if gain is None:
         return "–"
     return f"{gain.mean:+.4f} ± {gain.half_width:.4f}"
+
+
+def _learning_gain_text(rows: list[Row], row: Row) -> str:
+    gains = [paired_learning_gain(rows, row, protocol) for protocol in PROTOCOLS]
+    if any(gain is None for gain in gains):
+        return "–"
+    return " / ".join(f"{gain.mean:+.3f} ± {gain.half_width:.3f}" for gain in gains)
 
 
 def markdown_table(rows: list[Row]) -> str:
@@ -217,8 +238,8 @@ def markdown_table(rows: list[Row]) -> str:
     lines = [
         "| regime | estimator | grad cosine (95% CI) | − grpo, paired | − otb, paired | NMSE (best scale) "
         "| cos(mean grad) | projection | direction bias (excess) | token corr. | J after learning, normalised | J, direction "
-        "| J, adam | LEAF fire rate |",
-        "|---|---|---|---|---|---:|---|---|---:|---|---|---|---|---:|",
+        "| J, adam | J − grpo, paired (normalised / direction / adam) | LEAF fire rate |",
+        "|---|---|---|---|---|---:|---|---|---:|---|---|---|---|---|---:|",
     ]
     for regime in dict.fromkeys(row.regime for row in rows):
         members = [row for row in rows if row.regime == regime]
@@ -232,7 +253,8 @@ def markdown_table(rows: list[Row]) -> str:
                 f"| {row.regime} | {row.estimator} | {cosine} | {_gain_text(rows, row, 'grpo')} "
                 f"| {_gain_text(rows, row, 'otb')} | {row.nmse:.3f} | {row.bias.cosine:.4f} | {row.bias.projection} "
                 f"| {row.bias.excess:.1f} "
-                f"| {row.token_correlation} | {' | '.join(final)} | {row.fire_rate:.2f} |"
+                f"| {row.token_correlation} | {' | '.join(final)} | {_learning_gain_text(rows, row)} "
+                f"| {row.fire_rate:.2f} |"
             )
     return "\n".join(lines)
 
@@ -246,10 +268,12 @@ def write_csv(rows: list[Row], path: Path) -> None:
                          "nmse", "mean_gradient_cosine", "mean_gradient_cosine_ci", "projection", "projection_ci", "direction_bias_excess",
                          "token_correlation", "token_correlation_ci",
                          *[f"final_reward_{p}" for p in PROTOCOLS], *[f"final_reward_{p}_ci" for p in PROTOCOLS],
+                         *[f"final_reward_{p}_minus_grpo{part}" for p in PROTOCOLS for part in ("", "_ci")],
                          "start_reward", "fire_rate", "fired_group_size"])
         nothing = Interval(float("nan"), float("nan"), 0)
         for row in rows:
             gains = [paired_cosine_gain(rows, row, baseline) or nothing for baseline in BASELINES]
+            learned = [paired_learning_gain(rows, row, protocol) or nothing for protocol in PROTOCOLS]
             writer.writerow([row.regime, row.estimator, row.cosine.mean, row.cosine.half_width,
                              gains[0].mean, gains[0].half_width, gains[1].mean, gains[1].half_width, row.nmse,
                              row.bias.cosine.mean, row.bias.cosine.half_width,
@@ -257,4 +281,5 @@ def write_csv(rows: list[Row], path: Path) -> None:
                              row.token_correlation.mean, row.token_correlation.half_width,
                              *[row.final_reward[p].mean for p in PROTOCOLS],
                              *[row.final_reward[p].half_width for p in PROTOCOLS],
+                             *[value for gain in learned for value in (gain.mean, gain.half_width)],
                              row.start_reward, row.fire_rate, row.fired_group_size])
