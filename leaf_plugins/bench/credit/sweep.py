@@ -201,10 +201,8 @@ def _pooled(parts: list[Interval]) -> Interval:
 def paired_cosine_gain(rows: list[Row], row: Row, baseline: str = "grpo") -> Interval | None:
     """Per-group cosine minus the baseline's on the very same groups (mean, 95% CI); None
     for the baseline itself or where it was not run."""
-    other = next((r for r in rows if r.regime == row.regime and r.estimator == baseline), None)
-    if other is None or other is row:
-        return None
-    return interval(row.group_cosines - other.group_cosines)
+    other = _baseline_row(rows, row, baseline)
+    return None if other is None else interval(row.group_cosines - other.group_cosines)
 
 
 def paired_learning_gain(rows: list[Row], row: Row, protocol: str, baseline: str = "grpo") -> Interval | None:
@@ -212,10 +210,15 @@ def paired_learning_gain(rows: list[Row], row: Row, protocol: str, baseline: str
     environment and the same first groups), mean with its Student-t 95% CI over the
     seeds; None for the baseline itself or where it was not run. Pairing removes the
     spread between environments, which dominates the unpaired intervals."""
+    other = _baseline_row(rows, row, baseline)
+    return None if other is None else student_interval(row.final_rewards[protocol] - other.final_rewards[protocol])
+
+
+def _baseline_row(rows: list[Row], row: Row, baseline: str) -> Row | None:
+    """The ``baseline`` estimator's row of ``row``'s regime; None where it was not run or
+    is ``row`` itself (nothing to pair with)."""
     other = next((r for r in rows if r.regime == row.regime and r.estimator == baseline), None)
-    if other is None or other is row:
-        return None
-    return student_interval(row.final_rewards[protocol] - other.final_rewards[protocol])
+    return None if other is row else other
 
 
 def _gain_text(rows: list[Row], row: Row, baseline: str) -> str:
