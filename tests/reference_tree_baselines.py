@@ -50,6 +50,17 @@ def group_scale(group: list[Response], scale: str, std_floor: float, eps: float)
     return spread + eps if spread > 0 else math.inf  # an all-equal group: advantages 0
 
 
+def batch_scale(groups: list[list[Response]], std_floor: float, eps: float) -> float:
+    """``scale: batch_std``: the within-group std pooled over the batch's groups."""
+    squares = freedom = 0.0
+    for group in groups:
+        mean = sum(r.reward for r in group) / len(group)
+        squares += sum((r.reward - mean) ** 2 for r in group)
+        freedom += len(group) - 1
+    spread = max(math.sqrt(squares / max(freedom, 1.0)), std_floor)
+    return spread + eps if spread > 0 else math.inf  # no spread in the whole batch: advantages 0
+
+
 def auto_shrinks(groups: list[list[Response]], nodes_per_group, fallback: float = 4.0) -> list[float]:
     """``shrink: auto``: each group's prior weight ``σ² / τ²`` from the other groups' nodes
     (docs/estimators.md), one node at a time."""
@@ -117,7 +128,7 @@ def kappas(groups: list[list[Response]], g: int, ridge: float = 0.0) -> tuple[fl
 
 
 def tree_otb(groups: list[list[Response]], fork_budget=2, min_group=2, horizon="shortest", shrink=4.0,
-             scale="none", std_floor=0.0, eps=1e-6, own_share=True, prefix_mean=True,
+             scale="batch_std", std_floor=0.0, eps=1e-6, own_share=True, prefix_mean=True,
              ridge=0.025) -> list[list[list[float]]]:
     """Advantages of every group of one batch (κ reads the other groups)."""
     out = []
@@ -126,7 +137,7 @@ def tree_otb(groups: list[list[Response]], fork_budget=2, min_group=2, horizon="
     for g, group in enumerate(groups):
         nodes, shrink = every_nodes[g], shrinks[g]
         floor, kappa = kappas(groups, g, ridge)
-        c = group_scale(group, scale, std_floor, eps)
+        c = batch_scale(groups, std_floor, eps) if scale == "batch_std" else group_scale(group, scale, std_floor, eps)
         cumulative = [[sum(weight(r, u) for u in range(t + 1)) for t in range(len(r.tokens))] for r in group]
         values = [token_values(group, i, nodes, shrink) for i in range(len(group))]
         rows = []

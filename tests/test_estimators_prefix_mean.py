@@ -29,9 +29,9 @@ def test_prefix_means_by_hand():
                                        surprisal=[[1, 1, 1], [1, 1, 1], [1, 1]],
                                        logprobs=[[math.log(0.5)] * 3] * 2 + [[math.log(0.5)] * 2],
                                        sum_pi_squared=[[0.5] * 3] * 2 + [[0.5] * 2])
-    plain = lp.estimate(batch, "tree_otb", fork_budget=0, own_share=False, prefix_mean=False).advantages
+    plain = lp.estimate(batch, "tree_otb", fork_budget=0, own_share=False, prefix_mean=False, scale="none").advantages
     assert plain[:, 0].tolist() == pytest.approx([0.75, -0.75, 0.0], abs=1e-6)
-    got = lp.estimate(batch, "tree_otb", fork_budget=0, own_share=False).advantages
+    got = lp.estimate(batch, "tree_otb", fork_budget=0, own_share=False, scale="none").advantages
     assert got[0, :3].tolist() == pytest.approx([0.0, 0.0, 0.75], abs=1e-6)
     assert got[1, :3].tolist() == pytest.approx([0.0, 0.0, -0.75], abs=1e-6)
     assert got[2, :2].tolist() == pytest.approx([0.0, 0.0], abs=1e-6)
@@ -49,7 +49,7 @@ def test_ridge_by_hand():
                                        logprobs=[[math.log(0.5)], [math.log(0.5)], [math.log(0.5)], [math.log(0.2)]],
                                        sum_pi_squared=[[0.5]] * 4)
     for ridge, kappa in ((0.0, 0.625), (1.0, 1.5 / 1.8)):
-        got = lp.estimate(batch, "tree_otb", fork_budget=0, own_share=False, ridge=ridge).advantages
+        got = lp.estimate(batch, "tree_otb", fork_budget=0, own_share=False, ridge=ridge, scale="none").advantages
         assert got[0, 0].item() == pytest.approx(1 - 3 * kappa, abs=1e-6)
 
 

@@ -74,7 +74,7 @@ TREE_OTB_GRID = [
     {"fork_budget": 4, "min_group": 3, "horizon": "each", "own_share": False, "shrink": 2.0},
     {"shrink": "auto"}, {"shrink": "auto", "fork_budget": 4, "horizon": "each", "own_share": False},
     {"prefix_mean": False, "ridge": 0.0}, {"prefix_mean": False, "own_share": False, "ridge": 0.3},
-    {"ridge": 1.0, "scale": "group_std"}, {"fork_budget": 0, "ridge": 0.0},
+    {"ridge": 1.0, "scale": "group_std"}, {"fork_budget": 0, "ridge": 0.0}, {"scale": "none", "own_share": False},
 ]
 
 
@@ -239,11 +239,51 @@ def test_tree_otb_all_equal_group_under_group_std_gets_zero_not_a_blowup():
         logprobs=[[math.log(0.1)], [0.0], [math.log(0.99)], [math.log(0.99)]],
         sum_pi_squared=[[0.9802], [1.0], [0.9802], [0.9802]],
     )
-    unscaled = lp.estimate(batch, "tree_otb", own_share=False, fork_budget=0).advantages
+    unscaled = lp.estimate(batch, "tree_otb", own_share=False, fork_budget=0, scale="none").advantages
     assert unscaled[2:, 0].tolist() == pytest.approx([0.3, 0.3], abs=1e-6)
     scaled = lp.estimate(batch, "tree_otb", own_share=False, fork_budget=0, scale="group_std").advantages
     assert scaled[2:].abs().max().item() == 0.0
     assert scaled[0, 0].item() == pytest.approx(unscaled[0, 0].item() / (0.7 / math.sqrt(2) + 1e-6), rel=1e-5)
+
+
+def test_batch_std_divides_by_the_pooled_within_group_std_by_hand():
+    """Rewards (1, 0) and (.5, .1): squares .5 and .08 over 1 + 1 degrees of freedom, so
+    every advantage is divided by √.29 = .5385; with ``shrink: 0`` the leave-one-out
+    advantages are ±1 and ±.4 (the second group's first response is alone on its second
+    token: 0 there)."""
+    batch = lp.RolloutBatch.from_lists([[1, 2], [1, 3], [4], [5, 6]], [1.0, 0.0, 0.5, 0.1], [0, 0, 1, 1],
+                                       surprisal=[[0.1, 0.2], [0.1, 0.3], [0.5], [0.2, 0.2]])
+    got = lp.estimate(batch, "tree_rloo", shrink=0.0, scale="batch_std").advantages
+    unit = 1 / math.sqrt(0.29)
+    expected = [unit, unit, -unit, -unit, 0.4 * unit, 0.0, -0.4 * unit, -0.4 * unit]  # row by row
+    assert got.view(-1).tolist() == pytest.approx(expected, rel=1e-5)
+
+
+def test_batch_std_of_a_batch_without_spread_is_zero_not_a_blowup():
+    """Every group all-equal: the pooled std is 0, the divisor infinite and every
+    advantage exactly 0, as GRPO's (not 0/0 or a value divided by eps)."""
+    batch = lp.RolloutBatch.from_lists(
+        [[1], [2], [1], [2]], [0.2, 0.2, 0.5, 0.5], [0, 0, 1, 1], surprisal=[[1]] * 4,
+        logprobs=[[math.log(0.1)], [0.0], [math.log(0.99)], [math.log(0.99)]],
+        sum_pi_squared=[[0.9802], [1.0], [0.9802], [0.9802]],
+    )
+    for name in ("tree_rloo", "tree_otb"):
+        advantages = lp.estimate(batch, name, fork_budget=0, scale="batch_std").advantages
+        assert bool((advantages == 0).all()), name
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=group_seeds)
+def test_batch_std_is_scale_none_over_one_divisor_for_the_whole_batch(seed):
+    """One divisor for every group: the batch gradient keeps its direction."""
+    groups = policy_groups(seed)
+    batch, _ = batch_of(groups)
+    divisor = reference.batch_scale(groups, std_floor=0.0, eps=1e-6)  # the pooled std, by hand
+    for name in ("tree_rloo", "tree_otb"):
+        plain = lp.estimate(batch, name, scale="none").advantages
+        scaled = lp.estimate(batch, name, scale="batch_std").advantages
+        expected = plain / divisor if math.isfinite(divisor) else torch.zeros_like(plain)
+        assert torch.allclose(scaled, expected, atol=1e-5, rtol=1e-4), name
 
 
 @settings(max_examples=15, deadline=None)
@@ -295,7 +335,7 @@ def test_parameters_are_validated_with_suggestions():
         lp.Engine("tree_otb", {"own_share": "yes"})
     with pytest.raises(ConfigError, match="has no parameter 'own_share'"):
         lp.Engine("tree_rloo", {"own_share": True})
-    assert lp.Engine("tree_otb").params.scale == "none" and lp.Engine("tree_rloo").params.scale == "group_std"
+    assert lp.Engine("tree_otb").params.scale == "batch_std" and lp.Engine("tree_rloo").params.scale == "group_std"
     assert lp.Engine("tree_otb", {"scale": "group_std"}).params.scale == "group_std"
 
 

@@ -12,7 +12,7 @@ __all__ = ["EstimatorParams", "HORIZONS", "TERMS", "NORMALIZATIONS", "SCALES"]
 HORIZONS = ("shortest", "each")
 TERMS = ("both", "global", "local")
 NORMALIZATIONS = ("none", "span", "token", "batch")
-SCALES = ("group_std", "none")
+SCALES = ("group_std", "batch_std", "none")
 
 
 @dataclass(frozen=True)
@@ -27,8 +27,9 @@ class EstimatorParams:
     ``shrink`` is the prior weight (in responses) that pulls a small node's leave-one-out
     value toward its parent's (``tree_rloo``, ``tree_otb``), or ``"auto"``: learnt per
     group from the other groups' nodes (empirical Bayes, ``node_shrinkage``); ``scale``
-    divides their advantages by the group's reward std (``group_std``, as GRPO) or not
-    (``none``);
+    divides their advantages by the group's reward std (``group_std``, as GRPO), by one
+    std for the whole batch (``batch_std``: the within-group std pooled over its groups)
+    or not at all (``none``);
     ``own_share`` lets ``tree_otb`` weigh the response's own return in its baseline by its
     share of the path-variance weights, as verl's OTB does (biased, lower variance);
     ``prefix_mean`` gives each token of ``tree_otb`` the mean advantage of the responses

@@ -12,7 +12,8 @@ import torch
 
 from leaf_plugins.core.batch import GroupLayout, RolloutBatch
 
-__all__ = ["group_sum", "group_total", "group_mean", "group_std", "group_extreme", "per_response", "root_values"]
+__all__ = ["group_sum", "group_total", "group_mean", "group_std", "pooled_std", "group_extreme", "per_response",
+           "root_values"]
 
 
 def group_sum(values: torch.Tensor, layout: GroupLayout) -> torch.Tensor:
@@ -44,6 +45,15 @@ def group_std(values: torch.Tensor, layout: GroupLayout, mean: torch.Tensor) -> 
     centred = values - per_response(mean, layout)  # [N]
     square_sum = group_sum(centred * centred, layout)
     return (square_sum / (layout.sizes - 1).clamp(min=1).to(values.dtype)).sqrt_() * (layout.sizes > 1)
+
+
+def pooled_std(values: torch.Tensor, layout: GroupLayout, mean: torch.Tensor) -> torch.Tensor:
+    """The within-group standard deviation of ``values [N]`` pooled over the groups,
+    ``sqrt(Σ_g Σ_i (v_i − mean_g)² / Σ_g (n_g − 1))`` around ``mean [G]`` -> a 0-d
+    tensor; 0 when no group has two values."""
+    centred = values - per_response(mean, layout)  # [N]
+    freedom = (layout.sizes - 1).clamp(min=0).sum().clamp(min=1).to(values.dtype)
+    return ((centred * centred).sum() / freedom).sqrt()
 
 
 def group_extreme(values: torch.Tensor, layout: GroupLayout, reduce: str, empty: float) -> torch.Tensor:

@@ -71,7 +71,7 @@ class TreeOTB(TreeRLOO):
     """Tree OTB: prefix leave-one-out values scaled to the variance-optimal baseline."""
 
     parameters = TreeRLOO.parameters | {"own_share", "prefix_mean", "ridge"}
-    defaults = {"scale": "none", "prefix_mean": True, "ridge": RIDGE}
+    defaults = {"scale": "batch_std", "prefix_mean": True, "ridge": RIDGE}
 
     @hookimpl
     def compute_advantages(self, batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) -> torch.Tensor:

@@ -8,7 +8,7 @@ from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.core.hookspecs import hookimpl
 from leaf_plugins.core.params import EstimatorParams
 from leaf_plugins.core.tree import Nodes
-from leaf_plugins.estimators.group_stats import group_std, per_response, root_values
+from leaf_plugins.estimators.group_stats import group_std, per_response, pooled_std, root_values
 from leaf_plugins.estimators.leaf import LEAF
 from leaf_plugins.estimators.node_shrinkage import node_shrink
 from leaf_plugins.estimators.tree_baselines import path_baselines
@@ -32,15 +32,28 @@ class TreeRLOO(LEAF):
 
 def group_scale(batch: RolloutBatch, params: EstimatorParams) -> torch.Tensor:
     """``[G]`` float64 divisor of the advantages: GRPO's ``max(std, std_floor) + eps``
-    (sample std of the group's rewards) for ``scale="group_std"``, 1 for ``"none"``.
+    (sample std of the group's rewards) for ``scale="group_std"``; the same with the
+    batch's within-group std pooled over its groups, one divisor for every group, for
+    ``"batch_std"``; 1 for ``"none"``.
 
-    Where ``max(std, std_floor)`` is 0 (an all-equal group) the divisor is ``inf``: the
-    group's advantages are 0, as GRPO's, not ``(r − b) / eps`` for a baseline ``b`` that
-    is not the group's mean (``tree_otb``'s)."""
+    ``batch_std`` keeps the advantages in units of the batch's reward spread, as GRPO's
+    are, without weighing one group against another: the batch gradient keeps its
+    direction, only its length changes from batch to batch. (With advantages in reward
+    units, their size falls as a group's rewards draw together during training, and an
+    optimizer with a long memory of past gradient sizes, as Adam's second moment, takes
+    ever smaller steps.)
+
+    Where ``max(std, std_floor)`` is 0 (an all-equal group; under ``batch_std``, a batch
+    of all-equal groups) the divisor is ``inf``: the advantages are 0, as GRPO's, not
+    ``(r − b) / eps`` for a baseline ``b`` that is not the group's mean (``tree_otb``'s)."""
     if params.scale == "none":
         return torch.ones(batch.groups.count, dtype=torch.float64, device=batch.device)
     rewards = batch.rewards.double()
-    spread = group_std(rewards, batch.groups, root_values(batch).double()).clamp(min=params.std_floor)  # [G]
+    means = root_values(batch).double()  # [G]
+    if params.scale == "batch_std":
+        spread = pooled_std(rewards, batch.groups, means).clamp(min=params.std_floor).expand(batch.groups.count)
+    else:
+        spread = group_std(rewards, batch.groups, means).clamp(min=params.std_floor)  # [G]
     return torch.where(spread > 0, spread + params.eps, torch.inf)
 
 
