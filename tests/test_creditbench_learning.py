@@ -53,8 +53,7 @@ def test_paired_learning_gain_differences_seed_by_seed():
         finals = torch.tensor(finals, dtype=torch.float64)
         nothing = Interval(0.0, 0.0, 0)
         return Row(regime="r", estimator=estimator, cosine=nothing, group_cosines=torch.zeros(1), nmse=0.0, bias=None,
-                   token_correlation=nothing, final_reward={"direction": nothing},
-                   final_rewards={"direction": finals}, start_reward=0.0, fire_rate=0.0, fired_group_size=0.0,
+                   token_correlation=nothing, final_rewards={"direction": finals}, start_reward=0.0, fire_rate=0.0, fired_group_size=0.0,
                    curves={})
 
     grpo, better = row("grpo", [0.2, 0.5, 0.8]), row("tree_otb", [0.21, 0.52, 0.83])

@@ -102,12 +102,16 @@ class Row:
     nmse: float
     bias: Bias
     token_correlation: Interval
-    final_reward: dict[str, Interval]  # per protocol, Student-t interval over the learning seeds
     final_rewards: dict[str, torch.Tensor]  # per protocol, [learning_seeds] J at the end of each seed's curve
     start_reward: float
     fire_rate: float
     fired_group_size: float
     curves: dict[str, list[float]]  # per protocol, mean over seeds
+
+    @property
+    def final_reward(self) -> dict[str, Interval]:
+        """Per protocol, the mean final J with its Student-t 95% CI over the learning seeds."""
+        return {protocol: student_interval(finals) for protocol, finals in self.final_rewards.items()}
 
 
 @dataclass(frozen=True)
@@ -179,7 +183,6 @@ def _run_one(regime: Regime, name: str, settings: Settings, samples: _Samples) -
         nmse=sum(m.nmse for m in measures) / len(measures),
         bias=bias,
         token_correlation=_pooled([m.token_correlation for m in measures]),
-        final_reward={protocol: student_interval(curve[:, -1]) for protocol, curve in curves.items()},
         final_rewards={protocol: curve[:, -1] for protocol, curve in curves.items()},
         start_reward=float(curves[PROTOCOLS[0]][:, 0].mean()),
         fire_rate=samples.fire_rate,
