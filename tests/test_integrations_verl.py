@@ -120,6 +120,66 @@ else:
         torch.testing.assert_close(data.batch["returns"], want)
         assert bool((data.batch["advantages"] * (1 - data.batch["response_mask"])).eq(0).all())
 
+    @pytest.mark.parametrize("name", ["otb", "tree_rloo", "tree_otb"])
+    def test_variance_aware_estimators_read_verls_sum_pi_squared(name: str) -> None:
+        data = ray_trainer.compute_advantage(dataproto(sum_pi_squared=True), adv_estimator=name, num_repeat=4,
+                                             config=OmegaConf.create({"adv_estimator": name}))
+        source = dataproto(sum_pi_squared=True).batch
+        lps = _logprobs(0)
+        width = max(map(len, RESPONSES))
+        squares = [source["sum_pi_squared"][i, : len(row)].tolist() for i, row in enumerate(RESPONSES)]
+        batch = lp.RolloutBatch.from_lists(RESPONSES, REWARDS, [1] * 4 + [0] * 4,
+                                           surprisal=[[-x for x in row] for row in lps], logprobs=lps,
+                                           sum_pi_squared=squares)
+        want = torch.zeros_like(data.batch["advantages"])
+        want[:, :width] = lp.estimate(batch, name).advantages
+        torch.testing.assert_close(data.batch["advantages"], want, atol=1e-6, rtol=1e-6)
+
+    def _random_policy_batch(seed: int) -> tuple[lp.RolloutBatch, list[float], list[str]]:
+        """Ragged groups of 1-5 responses (some all-equal, some with ties in the longest
+        length, some empty), tokens, rewards and a consistent policy: log π of a sampled
+        token and Σπ² of random softmaxes, from flat to near-deterministic."""
+        generator = torch.Generator().manual_seed(seed)
+
+        def uniform() -> float:
+            return float(torch.rand((), generator=generator))
+
+        def integer(low: int, high: int) -> int:
+            return int(torch.randint(low, high, (), generator=generator))
+
+        tokens, rewards, group_ids, logprobs, squares = [], [], [], [], []
+        width = integer(1, 12)
+        for group in range(integer(1, 5)):
+            shared = uniform() if uniform() < 0.2 else None  # an all-equal group
+            for _ in range(integer(1, 6)):
+                draw = uniform()
+                length = width if draw < 0.3 else 0 if draw < 0.4 else integer(1, width + 1)
+                sharpness = 6 * uniform()  # 0: a flat policy, 6: near-deterministic
+                policy = torch.log_softmax(torch.randn(length, 6, generator=generator) * sharpness, dim=-1)  # [L, V]
+                sampled = torch.randint(0, 6, (length, 1), generator=generator)
+                tokens.append(torch.randint(0, 5, (length,), generator=generator).tolist())
+                rewards.append(shared if shared is not None else uniform())
+                group_ids.append(group)
+                logprobs.append(policy.gather(1, sampled).squeeze(1).tolist())
+                squares.append(policy.exp().square().sum(dim=1).tolist())
+        batch = lp.RolloutBatch.from_lists(tokens, rewards, group_ids, logprobs=logprobs, sum_pi_squared=squares)
+        return batch, rewards, [f"prompt-{group}" for group in group_ids]
+
+    @pytest.mark.parametrize("seed", range(40))
+    def test_otb_equals_verls_own_optimal_token_baseline(seed: int) -> None:
+        """``otb`` against verl's ``compute_optimal_token_baseline_advantage`` itself (the
+        reward on each response's last token, as verl's trainer holds it), not against our
+        reading of it."""
+        batch, rewards, uids = _random_policy_batch(seed)
+        token_rewards = torch.zeros(batch.tokens.shape, dtype=torch.float64)
+        ended = batch.lengths > 0  # [N]: an empty response has no token to hold its reward
+        token_rewards[ended, batch.lengths[ended] - 1] = torch.tensor(rewards).double()[ended]
+        theirs, _ = core_algos.compute_optimal_token_baseline_advantage(
+            token_rewards, batch.mask.double(), np.array(uids, dtype=object),
+            batch.logprobs.double(), batch.sum_pi_squared.double())
+        ours = lp.estimate(batch, "otb").advantages.double()
+        torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-6)
+
     def test_stage_overrides_and_sum_pi_squared_pass_through() -> None:
         seen = []
 
