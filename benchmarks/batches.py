@@ -9,6 +9,7 @@ import torch
 import leaf_plugins as lp
 
 SIZES = {  # name: (prompts, K, max tokens)
+    "fixed-cost-2x2x8": (2, 2, 8),  # almost no data: the per-call cost of the operations themselves
     "paper-6x8x200": (6, 8, 200),
     "64x8x1024": (64, 8, 1024),
     "256x16x2048": (256, 16, 2048),

@@ -1,4 +1,5 @@
-"""Estimator speed at three batch sizes, and the slow reference on the same batches.
+"""Estimator speed at three batch sizes and at a tiny one (the fixed cost of a call: its
+tensor operations' dispatch, whatever the data), and the slow reference on the same batches.
 
 Run: python -m pytest benchmarks/test_speed_estimators.py --benchmark-only
 (``leaf bench speed`` runs this and prints the ratio table). ``LEAF_BENCH_DEVICE=cuda``
