@@ -84,12 +84,17 @@ else:
             tensors["sum_pi_squared"] = square
         return DataProto.from_dict(tensors=tensors, non_tensors={"uid": np.array(UIDS, dtype=object)})
 
-    def expected(name: str, **params: object) -> torch.Tensor:
-        """``estimate()`` on the same responses, built from plain lists."""
+    def expected(name: str, sum_pi_squared: torch.Tensor | None = None, stages: dict[str, str] | None = None,
+                 **params: object) -> torch.Tensor:
+        """``estimate()`` on the same responses, built from plain lists (with the real
+        tokens of a right-padded ``sum_pi_squared [N, W]``, if given)."""
         lps = _logprobs(0)
+        squares = None if sum_pi_squared is None else [
+            sum_pi_squared[i, : len(row)].tolist() for i, row in enumerate(RESPONSES)]
         batch = lp.RolloutBatch.from_lists(RESPONSES, REWARDS, [1] * 4 + [0] * 4,
-                                           surprisal=[[-x for x in row] for row in lps], logprobs=lps)
-        return lp.estimate(batch, name, **params).advantages
+                                           surprisal=[[-x for x in row] for row in lps], logprobs=lps,
+                                           sum_pi_squared=squares)
+        return lp.estimate(batch, name, stages, **params).advantages
 
     def test_every_estimator_is_a_verl_estimator_and_verls_own_names_stay() -> None:
         ours = leaf_verl.leaf_estimators()
@@ -124,15 +129,9 @@ else:
     def test_variance_aware_estimators_read_verls_sum_pi_squared(name: str) -> None:
         data = ray_trainer.compute_advantage(dataproto(sum_pi_squared=True), adv_estimator=name, num_repeat=4,
                                              config=OmegaConf.create({"adv_estimator": name}))
-        source = dataproto(sum_pi_squared=True).batch
-        lps = _logprobs(0)
-        width = max(map(len, RESPONSES))
-        squares = [source["sum_pi_squared"][i, : len(row)].tolist() for i, row in enumerate(RESPONSES)]
-        batch = lp.RolloutBatch.from_lists(RESPONSES, REWARDS, [1] * 4 + [0] * 4,
-                                           surprisal=[[-x for x in row] for row in lps], logprobs=lps,
-                                           sum_pi_squared=squares)
         want = torch.zeros_like(data.batch["advantages"])
-        want[:, :width] = lp.estimate(batch, name).advantages
+        estimated = expected(name, sum_pi_squared=dataproto(sum_pi_squared=True).batch["sum_pi_squared"])
+        want[:, : estimated.shape[1]] = estimated
         torch.testing.assert_close(data.batch["advantages"], want, atol=1e-6, rtol=1e-6)
 
     def _random_policy_batch(seed: int) -> tuple[lp.RolloutBatch, list[float], list[str]]:
@@ -247,9 +246,6 @@ else:
         data = ray_trainer.compute_advantage(dataproto(), adv_estimator=config.algorithm.adv_estimator,
                                              config=config.algorithm)
         want = torch.zeros_like(data.batch["advantages"])
-        lps = _logprobs(0)
-        batch = lp.RolloutBatch.from_lists(RESPONSES, REWARDS, [1] * 4 + [0] * 4,
-                                           surprisal=[[-x for x in row] for row in lps], logprobs=lps)
-        estimated = lp.estimate(batch, "collision", {"select_boundaries": "leaf"}, fork_budget=1).advantages
+        estimated = expected("collision", stages={"select_boundaries": "leaf"}, fork_budget=1)
         want[:, : estimated.shape[1]] = estimated
         torch.testing.assert_close(data.batch["advantages"], want)
