@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from leaf_plugins.training.prompt_embedding import language_model_of
 
 __all__ = ["enable_activation_checkpointing", "activation_checkpointing_enabled"]
@@ -26,6 +28,28 @@ def enable_activation_checkpointing(model: Any) -> None:
         language_model.activation_checkpointing_enable(activation_checkpointing_kwargs=dict(CHECKPOINT_KWARGS))
     else:
         language_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=dict(CHECKPOINT_KWARGS))
+    _checkpoint_only_with_grad(language_model)
+
+
+def _checkpoint_only_with_grad(language_model: torch.nn.Module) -> None:
+    """Before transformers 5.24 a checkpointed layer in train mode runs through
+    ``torch.utils.checkpoint`` under ``torch.no_grad()`` too (the reference policy's pass),
+    and the step's gradients then differed from those without checkpointing (by as much as
+    the gradients themselves: tests/test_loss_aggregation.py at 5.15-5.23); 5.24 runs such
+    layers plainly. These hooks do the same on every version: for the length of each
+    forward pass the layers checkpoint only if gradients are being recorded."""
+    layers = [module for module in language_model.modules() if getattr(module, "gradient_checkpointing", False) is True]
+
+    def follow_grad_mode(_module: torch.nn.Module, _args: Any) -> None:
+        for layer in layers:
+            layer.gradient_checkpointing = torch.is_grad_enabled()
+
+    def restore(_module: torch.nn.Module, _args: Any, _output: Any) -> None:
+        for layer in layers:
+            layer.gradient_checkpointing = True
+
+    language_model.register_forward_pre_hook(follow_grad_mode)
+    language_model.register_forward_hook(restore)
 
 
 def activation_checkpointing_enabled(model: Any) -> bool:
