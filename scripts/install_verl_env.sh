@@ -2,6 +2,8 @@
 # Builds .venv-verl: verl 0.9.1 beside this package, in its own environment because verl pins
 # transformers<5.11 and tensordict<=0.10 (the project keeps its newer transformers). The venv sees the
 # system's packages (torch, leaf-plugins' dependencies) and adds only verl's own (about 45 s; idempotent).
+# pip then reports that leaf-plugins requires transformers>=5.15 (its floor): expected, since the
+# estimators and the verl integration run on verl's 5.10, while `leaf train` and the backbones do not.
 # LEAF_VERL_ENV=DIR builds it elsewhere.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -69,22 +69,33 @@ def test_one_and_three_micro_batches_give_the_step_gradient(trainer, aggregation
         trainer.config.optim.micro_batch_prompts = micro_batch_prompts
         got = step_gradient(trainer, examples(PROMPTS))
         for name in expected:
-            torch.testing.assert_close(got[name], expected[name], rtol=1e-4, atol=1e-7, msg=name)
+            # the same sums in another order (per micro-batch, then added): float32 rounding at the
+            # scale of the tensor's largest element (cancellations make small elements relatively
+            # worse); 1e-5 x max = 84 eps32, measured <= 1.3e-6 x max (default|avx2 x 1|4 threads)
+            scale = float(expected[name].abs().max())
+            torch.testing.assert_close(got[name], expected[name], rtol=0, atol=1e-5 * scale,
+                                       msg=lambda m, name=name: f"{name}: {m}")
     lengths = fixed_step(trainer, examples(PROMPTS))[2].lengths
     assert len(set(lengths.tolist())) > 1  # the groups differ in length: a per-micro-batch mean would differ
 
 
 def test_activation_checkpointing_gives_the_same_gradient(tmp_path):
-    from leaf_plugins.training.prompt_embedding import language_model_of
+    """Also run in the floor environment (scripts/test_floor.sh): the transformers API
+    that turns checkpointing on was renamed inside the supported range."""
+    from leaf_plugins.training.checkpointing import activation_checkpointing_enabled
 
     run = config(tmp_path, "grpo", steps=1)
     run.rollout.prompts_per_step, run.rollout.group_size, run.rollout.max_new_tokens = PROMPTS, 4, 8
     run.optim.activation_checkpointing = True
     checkpointed = Trainer(run, examples(PROMPTS), host=host())
-    assert language_model_of(checkpointed.policy).is_activation_checkpointing
+    assert activation_checkpointing_enabled(checkpointed.policy)
     plain = Trainer(config(tmp_path / "plain", "grpo", steps=1), examples(PROMPTS), host=host())
     plain.config.rollout = run.rollout
     plain.config.optim.micro_batch_prompts = checkpointed.config.optim.micro_batch_prompts = 1
     got, expected = step_gradient(checkpointed, examples(PROMPTS)), step_gradient(plain, examples(PROMPTS))
     for name in expected:
-        torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-7, msg=name)
+        # the recomputation repeats the same kernels on the same inputs: measured 0 difference
+        # (default|avx2 x 1|4 threads); the bound of a reordered float32 sum (above) as margin
+        scale = float(expected[name].abs().max())
+        torch.testing.assert_close(got[name], expected[name], rtol=0, atol=1e-5 * scale,
+                                   msg=lambda m, name=name: f"{name}: {m}")

@@ -41,7 +41,7 @@ def test_two_processes_share_the_prompts_and_end_with_identical_adapters(tmp_pat
     for rank in ranks:
         assert rank["gradient"].keys() == expected.keys()
         for name in expected:
-            torch.testing.assert_close(rank["gradient"][name], expected[name], rtol=1e-4, atol=1e-7, msg=name)
+            torch.testing.assert_close(rank["gradient"][name], expected[name], rtol=1e-4, atol=1e-7, msg=lambda m, name=name: f"{name}: {m}")
 
 
 def test_fsdp2_generation_gathers_the_sharded_layers_once_per_rollout(tmp_path):

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
 from leaf_plugins import get_host
+from leaf_plugins.training.checkpointing import activation_checkpointing_enabled, enable_activation_checkpointing
 from leaf_plugins.training.lora import attach_lora, lora_state, reference_policy
 
 
@@ -34,3 +37,15 @@ def test_lora_targets_the_language_model_only_and_the_reference_is_the_base_mode
             reference = model(**inputs).logits
     assert not torch.allclose(adapted, base_logits, atol=1e-4)
     assert torch.equal(reference, base_logits)
+
+
+def test_lora_and_activation_checkpointing_use_no_deprecated_api():
+    """transformers 5.23 deprecated ``is_gradient_checkpointing`` (read by peft when it wraps a
+    model) and ``gradient_checkpointing_enable``: neither may print a warning on every run."""
+    loaded = get_host().backbones.get("tiny-granite-speech").load(seed=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        model = attach_lora(loaded, rank=4, alpha=8, dropout=0.0)
+        assert not activation_checkpointing_enabled(model)
+        enable_activation_checkpointing(model)
+    assert activation_checkpointing_enabled(model)

@@ -10,7 +10,6 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 from transformers import AutoTokenizer, BatchFeature, GraniteSpeechConfig, GraniteSpeechForConditionalGeneration
-from transformers.feature_extraction_sequence_utils import SequenceFeatureExtractor
 from transformers.models.granite_speech.feature_extraction_granite_speech import GraniteSpeechFeatureExtractor
 from transformers.models.granite_speech.processing_granite_speech import GraniteSpeechProcessor
 
@@ -60,8 +59,11 @@ class TorchGraniteSpeechFeatureExtractor(GraniteSpeechFeatureExtractor):
                  n_mels: int = 80, projector_window_size: int = 15, projector_downsample_rate: int = 5,
                  padding_value: float = 0.0, **kwargs: Any) -> None:
         feature_size = n_mels if kwargs.get("feature_size") is None else kwargs.pop("feature_size")
-        SequenceFeatureExtractor.__init__(self, feature_size=feature_size, sampling_rate=sampling_rate,
-                                          padding_value=padding_value, **kwargs)
+        # Granite's own __init__ builds torchaudio's mel filters: skip it and initialise its
+        # base, which is SequenceFeatureExtractor from transformers 5.11 and the plain
+        # FeatureExtractionMixin (keyword arguments become attributes) before
+        super(GraniteSpeechFeatureExtractor, self).__init__(feature_size=feature_size, sampling_rate=sampling_rate,
+                                                            padding_value=padding_value, **kwargs)
         self.sampling_rate = sampling_rate
         self.melspec_kwargs = {"sample_rate": sampling_rate, "n_fft": n_fft, "win_length": win_length,
                                "hop_length": hop_length, "n_mels": n_mels}

@@ -4,6 +4,7 @@ with the adapter disabled (no second copy of the weights)."""
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Iterator
 
 import torch
@@ -21,7 +22,11 @@ def attach_lora(loaded: LoadedBackbone, rank: int = 64, alpha: int = 128, dropou
     that the disabled-adapter reference is the model users actually run."""
     config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=loaded.spec.lora_targets,
                         bias="none")
-    return get_peft_model(loaded.model, config)
+    with warnings.catch_warnings():
+        # peft reads the model's is_gradient_checkpointing, which transformers 5.23 deprecated
+        # in favour of is_activation_checkpointing (a FutureWarning on every run otherwise)
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        return get_peft_model(loaded.model, config)
 
 
 @contextlib.contextmanager
