@@ -37,8 +37,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from leaf_plugins.training.trainer import Trainer
 
-    metrics = Trainer(config, task_examples(config.task)).run()
-    if metrics:
+    trainer = Trainer(config, task_examples(config.task))
+    metrics = trainer.run()
+    if metrics and trainer.accelerator.is_main_process:  # one line under `accelerate launch`, not one per process
         last = metrics[-1]
         print(f"done: reward {last['reward_mean']:.4f}, kl {last['kl']:.4f}; outputs in {config.output_dir}")
     return 0
