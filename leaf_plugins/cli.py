@@ -3,24 +3,31 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import pkgutil
 import sys
-from typing import Sequence
+import warnings
+from typing import Iterator, Sequence
 
 from leaf_plugins import commands
-from leaf_plugins.core.errors import LeafError
+from leaf_plugins.core.errors import ConfigNotice, LeafError
+from leaf_plugins.core.version import package_version
 
 __all__ = ["main", "build_parser"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with one sub-parser per command module."""
+    """The argument parser with one sub-parser per command module (a module's optional
+    ``EPILOG`` is shown below its options, as written)."""
     parser = argparse.ArgumentParser(prog="leaf", description="Tree-credit RL post-training for speech LLMs.")
+    parser.add_argument("--version", action="version", version=f"leaf-plugins {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{commands.__name__}.{info.name}")
-        command = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
+        command = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP,
+                                 epilog=getattr(module, "EPILOG", None),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(command)
         command.set_defaults(run=module.run)
     return parser
@@ -28,15 +35,39 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``leaf``."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and hasattr(args, "overrides") and all("=" in arg and not arg.startswith("-") for arg in extra):
+        args.overrides += extra  # overrides after an option: `leaf study FILE --check seeds=[0]`
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        return int(args.run(args) or 0)
+        with _notices_as_notes(args.command):
+            return int(args.run(args) or 0)
     except LeafError as error:
         print(f"leaf {args.command}: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"leaf {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+@contextlib.contextmanager
+def _notices_as_notes(command: str) -> Iterator[None]:
+    """Print every ``ConfigNotice`` as ``leaf COMMAND: note: ...`` on stderr (other
+    warnings as Python shows them)."""
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
+        if issubclass(category, ConfigNotice):
+            print(f"leaf {command}: note: {message}", file=sys.stderr)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    with warnings.catch_warnings():  # restores the filters and showwarning on the way out
+        warnings.simplefilter("always", ConfigNotice)
+        warnings.showwarning = show
+        yield
 
 
 if __name__ == "__main__":

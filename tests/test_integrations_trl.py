@@ -252,15 +252,3 @@ def _stack_padded(parts: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([torch.nn.functional.pad(part, (0, 0) * (part.dim() - 2) + (0, width - part.shape[1]))
                       for part in parts])
 
-
-def test_readme_snippet_trains_on_cpu(tmp_path, monkeypatch) -> None:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("## Use with TRL / verl", 1)[1]
-    code = section.split("```python\n", 1)[1].split("```", 1)[0]
-    monkeypatch.chdir(tmp_path)
-    namespace: dict[str, object] = {}
-    exec(compile(code, "README.md (Use with TRL / verl)", "exec"), namespace)
-    run = namespace["trainer"]
-    assert isinstance(run, LeafGRPOTrainer) and run.engine.name == "leaf"
-    assert run.state.global_step == 3
-    assert torch.isfinite(torch.tensor(run.state.log_history[-1]["train_loss"]))

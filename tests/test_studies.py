@@ -11,10 +11,11 @@ import pytest
 
 from leaf_plugins import hookimpl
 from leaf_plugins.cli import main
-from leaf_plugins.core.errors import ConfigError
+from leaf_plugins.core.errors import ConfigError, ConfigNotice
 from leaf_plugins.studies.config import load_study
 from leaf_plugins.studies.results import seed_interval
 from leaf_plugins.studies.runner import run_study
+from leaf_plugins.training.config import EstimatorConfig
 
 STUDIES = Path(__file__).resolve().parents[1] / "configs" / "studies"
 
@@ -166,3 +167,107 @@ def test_a_study_interrupted_in_the_middle_resumes_to_the_same_table(tmp_path):
     changed = load_study(tiny_study(tmp_path, "straight"), ["base.steps=4"])
     with pytest.raises(ConfigError, match=r"holds a run with other settings \(config.steps: 3 -> 4\)"):
         run_study(changed)  # never reuses runs made with other settings
+
+
+SWITCHED = """\
+output_dir: out
+base:
+  steps: 3
+  estimator:
+    name: leaf
+    params: {fork_budget: 4, horizon: each}
+grid:
+  estimator.name: [grpo, leaf, collision]
+seeds: [0, 1]
+"""
+
+
+def test_a_grid_over_the_estimator_leaves_out_the_base_parameters_each_does_not_read_with_one_notice(tmp_path):
+    path = tmp_path / "study.yaml"
+    path.write_text(SWITCHED)
+    with pytest.warns(ConfigNotice) as notes:
+        study = load_study(path)
+    params = {run.variation: run.config.estimator.params for run in study.runs}
+    assert params == {"estimator=grpo": {}, "estimator=leaf": {"fork_budget": 4, "horizon": "each"},
+                      "estimator=collision": {"fork_budget": 4}}
+    assert [str(note.message) for note in notes] == [  # one notice for the study, not one per run
+        f"variation 'estimator=grpo' ({path}:8:20) switched the estimator to 'grpo', which does not read "
+        f"fork_budget ({path}:6:14), horizon ({path}:6:30); variation 'estimator=collision' ({path}:8:32) switched "
+        f"the estimator to 'collision', which does not read horizon ({path}:6:30): left out (parameters given "
+        f"with estimator.name are kept and checked)"]
+    with pytest.warns(ConfigNotice) as notes:
+        study = load_study(path, ["base.estimator.name=otb", "grid={}"])
+    assert [run.config.estimator for run in study.runs] == [EstimatorConfig("otb", {}, {})] * 2
+    assert str(notes[0].message).startswith("override 'base.estimator.name=otb' switched the estimator to 'otb'")
+
+
+VARIED = """\
+output_dir: out
+base:
+  steps: 3
+  estimator:
+    name: leaf
+    params: {fork_budget: 4}
+variations:
+  - {label: grpo with B, estimator.name: grpo, estimator.params.fork_budget: 2}
+  - {label: leaf, estimator.name: leaf, estimator.params.min_group: 1}
+"""
+
+
+def test_a_variations_own_estimator_parameters_are_checked_where_given(tmp_path):
+    path = tmp_path / "study.yaml"
+    path.write_text(VARIED)
+    lines = VARIED.splitlines()
+    with pytest.raises(ConfigError) as caught:
+        load_study(path)
+    errors = [line.strip() for line in str(caught.value).splitlines()[1:]]
+    assert errors == [
+        f"{path}:8:{lines[7].index('estimator.params.fork_budget') + 1}: variation 'grpo with B': "
+        f"estimator.params.fork_budget: estimator 'grpo' has no parameter 'fork_budget' (a parameter of collision, "
+        f"leaf, tree_otb, tree_rloo). Its parameters: eps, std_floor",
+        f"{path}:9:{lines[8].index('estimator.params.min_group') + 1}: variation 'leaf': estimator.params.min_group: "
+        f"min_group must be an integer >= 2 (singletons are never nodes), got 1",
+    ]
+
+
+def test_a_study_files_errors_come_in_line_order(tmp_path):
+    path = tmp_path / "study.yaml"
+    path.write_text("""\
+output_dir: out
+grid:
+  estimator.nme: [leaf]
+variations:
+  - {label: A, optim.learning_rat: 0.1}
+seedz: [0]
+base:
+  stepz: 3
+""")
+    with pytest.raises(ConfigError) as caught:
+        load_study(path, ["evaluation.metrics=[bleurt]"])
+    located = [line.strip().split(": ")[0] for line in str(caught.value).splitlines()[1:]]
+    assert located == ["override 'evaluation.metrics=[bleurt]'", f"{path}:3:3", f"{path}:5:16", f"{path}:6:1",
+                       f"{path}:8:3"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("- output_dir: out\n", "{path}:1:1: the file must hold a mapping of sections (`key: value` lines), not a list"),
+    (None, "{path}: is a directory, not a YAML file"),
+], ids=["list", "directory"])
+def test_a_study_path_that_is_no_study_file_is_one_line_naming_it(tmp_path, capsys, text, message):
+    path = tmp_path / "study.yaml" if text is not None else tmp_path
+    if text is not None:
+        path.write_text(text)
+    assert main(["study", str(path), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"leaf study: error: {message.replace('{path}', str(path))}\n"
+    assert "Traceback" not in err and "CommentedSeq" not in err
+
+
+def test_table_of_a_study_with_no_finished_run_says_so(tmp_path, capsys):
+    path = tmp_path / "study.yaml"
+    path.write_text(f"output_dir: {tmp_path / 'out'}\nbase: {{steps: 3}}\ngrid: {{estimator.name: [grpo, leaf]}}\n")
+    assert main(["study", str(path), "--table"]) == 2
+    assert capsys.readouterr().err == (
+        f"leaf study: error: {path}: none of its 2 runs has finished yet (a finished run has evaluation.json in its "
+        f"directory under {tmp_path / 'out'}), so there is no table: run `leaf study {path}` first\n")
+    assert not (tmp_path / "out" / "results.md").exists()

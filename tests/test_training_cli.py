@@ -24,6 +24,9 @@ def test_leaf_train_runs_from_yaml_and_resumes(backbone, tmp_path, capsys):
     assert main(["train", str(CONFIGS / f"{backbone}.yaml"), *overrides[:1], "steps=3", *overrides[2:]]) == 0
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]  # resumed, not restarted
+    out = capsys.readouterr().out
+    assert f"resuming from {tmp_path / 'run' / 'checkpoint-00000002'} (step 2 of 3; 1 to go)\n" in out
+    assert out.count("resuming from") == 1
 
 
 def test_check_reports_config_errors_with_exit_code_2(tmp_path, capsys):

@@ -32,7 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     speed.set_defaults(bench=run_speed)
     credit = sub.add_parser("credit", help="credit quality against exact values and gradients (tabular task)")
     credit.add_argument("--out", type=Path, default=Path("results/credit"), help="directory for tables and plots")
-    credit.add_argument("--quick", action="store_true", help="a small run (seconds), e.g. for tests")
+    credit.add_argument("--quick", action="store_true",
+                        help="fewer groups, seeds and steps per regime (still about 20 min for all 23 regimes on 2 "
+                             "busy cores; add --regimes base for a one-regime run)")
     credit.add_argument("--seeds", type=int, help="environments (seeds) per regime for the gradient measures")
     credit.add_argument("--learning-seeds", type=int, metavar="N",
                         help="learning curves per regime, estimator and protocol (default 10)")

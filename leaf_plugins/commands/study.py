@@ -8,6 +8,14 @@ from pathlib import Path
 NAME = "study"
 HELP = ("Run every variation x seed of a study file (train, evaluate on held-out examples), skipping finished "
         "runs, and write the results table (Markdown, CSV) and learning curves (PNG).")
+EPILOG = """examples:
+  leaf study configs/studies/demo.yaml
+  leaf study configs/studies/fork-budget-sweep.yaml seeds=[0] base.steps=50
+  leaf study configs/studies/demo.yaml --table
+
+A grid value, variation or override that sets the estimator's name keeps the base's
+estimator parameters it reads and leaves out those it does not (one note names them),
+as leaf train does (docs/studies.md)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,11 +38,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {variation}")
         return 0
     if args.table:
-        from leaf_plugins.core.errors import ConfigError
         from leaf_plugins.studies.results import write_results
 
-        if not study.output_dir.is_dir():
-            raise ConfigError(f"{study.output_dir} does not exist: run the study first (leaf study {args.study})")
         table = write_results(study)
         print(table.read_text())
         print(f"written: {table}, {table.with_name('results.csv')}, {table.with_name('results_runs.csv')}")

@@ -7,6 +7,19 @@ from pathlib import Path
 
 NAME = "train"
 HELP = "Train a speech LLM with RL from a YAML run config (re-running the same command resumes)."
+EPILOG = """examples:
+  leaf train configs/runs/tiny-qwen2-audio.yaml
+  leaf train configs/runs/tiny-qwen2-audio.yaml estimator.name=grpo steps=50 output_dir=runs/tiny-qwen2-audio-grpo
+  leaf train configs/runs/tiny-qwen2-audio.yaml --check 'estimator.params={fork_budget: 4}'
+
+switching the estimator: parameters belong to the estimator named in the same place.
+An override of estimator.name keeps the file's estimator.params the new estimator reads
+and leaves out those it does not (one note names them and their file:line:col); a
+parameter given on the command line, or one no estimator reads, is checked and an error
+with a did-you-mean. 'estimator.params={...}' replaces them all (docs/training.md).
+
+A run resumes from the newest checkpoint in its output_dir (and says from which step):
+give a run with other settings its own output_dir."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,8 +37,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from leaf_plugins.training.trainer import Trainer
 
-    metrics = Trainer(config, task_examples(config.task)).run()
-    if metrics:
+    trainer = Trainer(config, task_examples(config.task))
+    metrics = trainer.run()
+    if metrics and trainer.accelerator.is_main_process:  # one line under `accelerate launch`, not one per process
         last = metrics[-1]
         print(f"done: reward {last['reward_mean']:.4f}, kl {last['kl']:.4f}; outputs in {config.output_dir}")
     return 0

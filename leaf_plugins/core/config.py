@@ -8,6 +8,7 @@ reported by their text when they are wrong.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from pathlib import Path
@@ -20,16 +21,23 @@ from ruamel.yaml.reader import ReaderError
 
 from leaf_plugins.core.errors import ConfigError, suggest
 
-__all__ = ["load_yaml", "load_config", "apply_overrides", "build", "build_collecting", "set_dotted", "format_errors",
-           "key_location"]
+__all__ = ["Setting", "load_yaml", "load_config", "parse_overrides", "apply_settings", "apply_overrides", "build",
+           "build_collecting", "set_dotted", "format_errors", "key_location"]
+
+Setting = tuple[str, Any, str]  # (dotted key, value, where it was given: "override 'a.b=1'" or file:line:col)
 
 
 def load_yaml(path: Path) -> CommentedMap:
     """The file as a round-trip mapping (which keeps line and column of every key)."""
+    path = Path(path)
     try:
-        raw = Path(path).read_bytes()
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a YAML file") from None
+    except OSError as error:  # permission denied, a device that cannot be read
+        raise ConfigError(f"{path}: cannot be read: {error.strerror or error}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -47,8 +55,17 @@ def load_yaml(path: Path) -> CommentedMap:
     if data is None:
         return CommentedMap()
     if not isinstance(data, CommentedMap):
-        raise ConfigError(f"{path}:1:1: the file must hold a mapping of sections, not a {type(data).__name__}")
+        line, column = (data.lc.line + 1, data.lc.col + 1) if isinstance(data, list) else (1, 1)
+        raise ConfigError(f"{path}:{line}:{column}: the file must hold a mapping of sections (`key: value` lines), "
+                          f"not {_kind(data)}")
     return data
+
+
+def _kind(value: Any) -> str:
+    """What a YAML value is, in the words of the file (``a list``, ``a single value 3``)."""
+    if isinstance(value, list):
+        return "a list"
+    return f"a single value {value!r}"
 
 
 def _line_column(text: str, index: int) -> tuple[int, int]:
@@ -70,19 +87,40 @@ def load_config(
     return build(cls, data, str(path), validators)
 
 
-def apply_overrides(data: CommentedMap, overrides: Iterable[str]) -> list[str]:
-    """Set ``a.b=value`` overrides (values parsed as YAML scalars); return the errors."""
-    errors = []
+def parse_overrides(overrides: Iterable[str]) -> tuple[list[Setting], list[str]]:
+    """``a.b=value`` overrides as settings ``(key, value, "override 'a.b=value'")``
+    (values parsed as YAML scalars or flow collections), and the errors of those that
+    are not ``key=value`` or whose value is not YAML."""
+    settings, errors = [], []
     for text in overrides:
         key, separator, raw = text.partition("=")
+        source = f"override {text!r}"
         if not separator or not key:
-            errors.append(f"override {text!r}: expected key.path=value")
+            errors.append(f"{source}: expected key.path=value")
             continue
-        value = YAML(typ="safe").load(raw) if raw.strip() else None
-        problem = set_dotted(data, key, value, f"override {text!r}")
+        try:
+            value = YAML(typ="safe").load(raw) if raw.strip() else None
+        except (MarkedYAMLError, ReaderError) as error:
+            errors.append(f"{source}: the value is not YAML: {getattr(error, 'problem', None) or error}")
+            continue
+        settings.append((key, value, source))
+    return settings, errors
+
+
+def apply_settings(data: CommentedMap, settings: Iterable[Setting]) -> list[str]:
+    """Set every ``(key, value, source)``; return the errors (named by their source)."""
+    errors = []
+    for key, value, source in settings:
+        problem = set_dotted(data, key, value, source)
         if problem:
-            errors.append(f"override {text!r}: {problem}")
+            errors.append(f"{source}: {problem}")
     return errors
+
+
+def apply_overrides(data: CommentedMap, overrides: Iterable[str]) -> list[str]:
+    """Set ``a.b=value`` overrides (values parsed as YAML scalars); return the errors."""
+    settings, errors = parse_overrides(overrides)
+    return errors + apply_settings(data, settings)
 
 
 def set_dotted(data: CommentedMap, key: str, value: Any, source: str) -> str | None:
@@ -133,10 +171,18 @@ def build_collecting(
 
 
 def format_errors(where: str, errors: list[str]) -> str:
-    """One message for all ``errors`` of the file ``where`` (duplicates dropped)."""
-    unique = list(dict.fromkeys(errors))
+    """One message for all ``errors`` of the file ``where`` (duplicates dropped): those
+    named by an override or another file first, in their order, then the file's own
+    in line order."""
+    unique = sorted(dict.fromkeys(errors), key=lambda error: _line_order(where, error))
     count = f"{len(unique)} error{'s' if len(unique) > 1 else ''}"
     return f"{where}: {count} in the configuration:\n  " + "\n  ".join(unique)
+
+
+def _line_order(where: str, error: str) -> tuple[int, int, int]:
+    """``(0, 0, 0)`` for an error not located in ``where``, else ``(1, line, column)``."""
+    found = re.match(rf"{re.escape(where)}:(\d+):(\d+)", error)
+    return (1, int(found[1]), int(found[2])) if found else (0, 0, 0)
 
 
 def _build(cls: type, data: Any, where: str, prefix: str, errors: list[str], validators: dict) -> Any:

@@ -15,7 +15,7 @@ from leaf_plugins.core.params import EstimatorParams
 from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.core.tree import EstimateResult
 
-__all__ = ["Engine", "estimate", "STAGES"]
+__all__ = ["Engine", "estimate", "accepted_parameters", "STAGES"]
 
 STAGES = ("select_boundaries", "retain_nodes", "compute_advantages")
 
@@ -38,7 +38,6 @@ class Engine:
         self.manager = pluggy.PluginManager(PROJECT)
         self.manager.add_hookspecs(LeafSpecs)
         self.manager.register(main, name=f"estimator:{estimator}")
-        accepted = set(getattr(main, "parameters", ()))
         for stage, source in (stages or {}).items():
             if stage not in STAGES:
                 raise ConfigError(f"unknown estimator stage {stage!r}.{suggest(stage, STAGES)} Stages: {', '.join(STAGES)}")
@@ -46,12 +45,12 @@ class Engine:
             if not hasattr(other, stage):
                 raise ConfigError(f"estimator {source!r} does not implement stage {stage!r}")
             self.manager.register(_stage_override(stage, other), name=f"stage:{stage}:{source}")
-            accepted |= set(getattr(other, "parameters", ()))
         for index, observer in enumerate(observers):
             self.manager.register(observer, name=f"observer:{index}:{type(observer).__name__}")
         self.manager.check_pending()
         self.params = EstimatorParams.for_estimator(
-            estimator, sorted(accepted), dict(params or {}), getattr(main, "defaults", None)
+            estimator, sorted(accepted_parameters(estimator, stages, host)), dict(params or {}),
+            getattr(main, "defaults", None),
         )
 
     def estimate(self, batch: RolloutBatch) -> EstimateResult:
@@ -74,6 +73,16 @@ class Engine:
     def _require(self, value: object, stage: str) -> None:
         if value is None:
             raise ConfigError(f"estimator {self.name!r} has no implementation of stage {stage!r}")
+
+
+def accepted_parameters(
+    estimator: str, stages: Mapping[str, str] | None = None, host: PluginHost | None = None
+) -> frozenset[str]:
+    """The parameter names an estimator reads, with those of the estimators its stage
+    overrides come from (``stages``: stage -> registered estimator name)."""
+    registry = (host or get_host()).estimators
+    sources = [estimator, *(source for stage, source in (stages or {}).items() if stage in STAGES)]
+    return frozenset(name for source in sources for name in getattr(registry.get(source), "parameters", ()))
 
 
 def _stage_override(stage: str, estimator: object) -> object:

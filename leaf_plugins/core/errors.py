@@ -6,8 +6,8 @@ import difflib
 from typing import Iterable
 
 __all__ = [
-    "LeafError", "ConfigError", "NonFiniteError", "UnknownNameError", "DuplicateNameError", "PluginLoadError",
-    "suggest",
+    "LeafError", "ConfigError", "ConfigNotice", "NonFiniteError", "UnknownNameError", "DuplicateNameError",
+    "PluginLoadError", "suggest",
 ]
 
 
@@ -17,6 +17,11 @@ class LeafError(Exception):
 
 class ConfigError(LeafError, ValueError):
     """A configuration value is invalid."""
+
+
+class ConfigNotice(UserWarning):
+    """A configuration was adjusted on the user's behalf (the notice says what, where
+    it was given and why); ``leaf`` prints it as a ``note:`` line."""
 
 
 class NonFiniteError(LeafError, ValueError):

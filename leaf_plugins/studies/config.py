@@ -35,12 +35,13 @@ from typing import Any, Iterable
 
 from ruamel.yaml.comments import CommentedMap
 
-from leaf_plugins.core.config import (apply_overrides, build_collecting, format_errors, key_location, load_yaml,
+from leaf_plugins.core.config import (build_collecting, format_errors, key_location, load_yaml, parse_overrides,
                                       set_dotted)
-from leaf_plugins.core.errors import ConfigError, LeafError, suggest
+from leaf_plugins.core.errors import ConfigError, suggest
 from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.evaluation.text_metrics import METRICS
 from leaf_plugins.training.config import TrainConfig, train_validators
+from leaf_plugins.training.estimator_switch import announce_dropped, apply_layer, estimator_problems
 from leaf_plugins.training.warm_start import WarmStartConfig, warm_start_validators
 
 __all__ = ["EvaluationSettings", "JudgeSettings", "JudgesSettings", "StudyConfig", "PlannedRun", "Study", "load_study",
@@ -164,11 +165,17 @@ def slug(label: str) -> str:
 
 def load_study(path: Path, overrides: Iterable[str] = (), host: PluginHost | None = None) -> Study:
     """Read and check a study file; ``a.b=value`` overrides apply to the study
-    (``base.steps=10``, ``seeds=[0]``). Raises one ``ConfigError`` listing every mistake."""
+    (``base.steps=10``, ``seeds=[0]``). Raises one ``ConfigError`` listing every mistake
+    in line order. A grid cell, variation or override that sets ``estimator.name`` switches
+    the estimator: the earlier parameters it does not read are left out, all named in one
+    ``ConfigNotice`` warning (``training/estimator_switch.py``)."""
     host = host or get_host()
     where = str(path)
     data = load_yaml(path)
-    errors = apply_overrides(data, overrides)
+    settings, errors = parse_overrides(overrides)
+    found, switched = apply_layer(data, settings, where, host, run="base.")
+    errors += found
+    dropped = [switched] if switched else []
     study, found = build_collecting(StudyConfig, data, where, {"evaluation.metrics": _known_metrics,
                                                                **_judge_validators()})
     errors += found
@@ -183,12 +190,14 @@ def load_study(path: Path, overrides: Iterable[str] = (), host: PluginHost | Non
     errors += found
     variations, found = _variations(data, where)
     errors += found
-    runs, estimator_at = [], []  # each run, and where its estimator is set (file:line:col)
+    runs, sections = [], []  # each run, and its estimator section as set (for the locations of its parameters)
     for label, settings, located in variations:
         for seed in study.seeds:
             tree = copy.deepcopy(base)
-            for key, (value, location) in located.items():
-                set_dotted(tree, key, value, location)
+            found, switched = apply_layer(tree, [(key, value, at) for key, (value, at) in located.items()], where, host)
+            errors += found
+            if switched:
+                dropped.append(dataclasses.replace(switched, switched_at=f"variation {label!r} ({switched.switched_at})"))
             set_dotted(tree, "seed", seed, f"{_key_where(data, 'seeds', where)}: seeds")
             set_dotted(tree, "log_rollouts", True, f"{where}: (studies log rollouts)")
             run_dir = Path(study.output_dir) / "runs" / slug(label) / f"seed-{seed}"
@@ -196,33 +205,28 @@ def load_study(path: Path, overrides: Iterable[str] = (), host: PluginHost | Non
             config, found = build_collecting(TrainConfig, tree, where, validators, prefix="base.")
             errors += found
             runs.append(PlannedRun(label, seed, config, settings))
-            estimator_at.append(next((at for key, (_, at) in located.items() if key.startswith("estimator")),
-                                     _key_where(base, "estimator", where) if "estimator" in base
-                                     else _key_where(data, "base", where)))
+            sections.append(tree.get("estimator") or {})
     errors += _compare_to_problems(study.compare_to, runs, data, where)
     if not errors:
-        errors += _estimator_problems(runs, estimator_at, host)
+        errors += _estimator_problems(runs, sections, where, host)
     if errors:
         raise ConfigError(format_errors(where, errors))
+    announce_dropped(dropped)
     return Study(Path(path), study, warm, runs)
 
 
-def _estimator_problems(runs: list[PlannedRun], locations: list[str], host: PluginHost) -> list[str]:
-    """Estimator parameters and stages checked by building each distinct engine; an
-    error is reported at the run's location of its estimator settings."""
-    from leaf_plugins.core.engine import Engine
-
+def _estimator_problems(runs: list[PlannedRun], sections: list[Any], where: str, host: PluginHost) -> list[str]:
+    """Estimator stages and parameters of each distinct estimator setting, every error at
+    the place that gave the culprit (the base, a variation, an override)."""
     problems, seen = [], set()
-    for run, where in zip(runs, locations):
+    for run, section in zip(runs, sections):
         estimator = run.config.estimator
         key = (estimator.name, repr(sorted(estimator.params.items())), repr(sorted(estimator.stages.items())))
         if key in seen:
             continue
         seen.add(key)
-        try:
-            Engine(estimator.name, estimator.params, estimator.stages, host=host)
-        except LeafError as error:
-            problems.append(f"{where}: variation {run.variation!r}: {error}")
+        problems += [f"{at}: variation {run.variation!r}: {message}"
+                     for at, message in estimator_problems(section, estimator, where, host)]
     return problems
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from leaf_plugins.core.errors import LeafError
 from leaf_plugins.evaluation.grading import items_file, read_item_scores
 from leaf_plugins.studies.config import Study
 from leaf_plugins.studies.evaluate import BASELINE, EVALUATION
@@ -93,9 +94,14 @@ def _cell(values: list[float], percent: bool) -> tuple[str, dict]:
 def write_results(study: Study) -> Path:
     """Write ``results.md``, ``results.csv``, ``results_runs.csv`` and
     ``learning_curves.png`` into the study's output directory from its saved files;
-    return ``results.md``."""
+    return ``results.md``. A study none of whose runs has finished has no table: that is
+    a ``LeafError`` saying so (nothing is written)."""
     output = study.output_dir
     rows = _finished(study)
+    if not rows:
+        raise LeafError(f"{study.path}: none of its {len(study.runs)} runs has finished yet (a finished run has "
+                        f"{EVALUATION} in its directory under {output}), so there is no table: run "
+                        f"`leaf study {study.path}` first")
     numeric = [key for key in COLUMNS if rows and all(isinstance(row.get(key), (int, float)) for row in rows)]
     unavailable = {key: row[key] for row in rows for key in COLUMNS if isinstance(row.get(key), str)}
     by_variation = {v: [row for row in rows if row["variation"] == v] for v in study.variations}

@@ -6,10 +6,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from leaf_plugins.core.config import key_location, load_config, load_yaml
+from leaf_plugins.core.config import build_collecting, format_errors, load_yaml, parse_overrides
 from leaf_plugins.core.errors import ConfigError, LeafError
 from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.training.aggregation import LOSS_AGGREGATIONS
+from leaf_plugins.training.estimator_switch import announce_dropped, apply_layer, estimator_problems
 from leaf_plugins.training.finite import NONFINITE_REWARD_POLICIES
 from leaf_plugins.training.ranges import RUN_RANGES
 from leaf_plugins.training.rollout import SURPRISAL_SOURCES
@@ -99,17 +100,25 @@ def task_examples(task: TaskConfig, split: str | None = None, host: PluginHost |
 def load_train_config(path: Path, overrides: Iterable[str] = (), host: PluginHost | None = None) -> TrainConfig:
     """A ``TrainConfig`` from a YAML file and ``a.b=value`` overrides; registered names
     (backbone, task, estimator, reward) are checked against the plugin registries, numbers
-    against their ranges, and the estimator's parameters by building its engine."""
-    host = host or get_host()
-    config = load_config(TrainConfig, path, overrides, train_validators(host))
-    from leaf_plugins.core.engine import Engine
+    against their ranges, and the estimator's parameters by building its engine, each
+    error named where it was given (``file:line:col`` or the override).
 
-    try:  # the estimator's parameters and stage overrides
-        Engine(config.estimator.name, config.estimator.params, config.estimator.stages, host=host)
-    except LeafError as error:
-        data = load_yaml(path)
-        where = key_location(data, "estimator", str(path)) if "estimator" in data else f"{path}:1:1"
-        raise ConfigError(f"{where}: estimator: {error}") from None
+    An override of ``estimator.name`` switches the estimator: the file's parameters it
+    does not read are left out, named in one ``ConfigNotice`` warning
+    (``training/estimator_switch.py``)."""
+    host = host or get_host()
+    where = str(path)
+    data = load_yaml(path)
+    settings, errors = parse_overrides(overrides)
+    found, dropped = apply_layer(data, settings, where, host)
+    config, built = build_collecting(TrainConfig, data, where, train_validators(host))
+    errors += found + built
+    if not errors:
+        errors += [f"{at}: {message}" for at, message in estimator_problems(data.get("estimator") or {}, config.estimator,
+                                                                           where, host)]
+    if errors:
+        raise ConfigError(format_errors(where, errors))
+    announce_dropped([dropped] if dropped else [])
     return config
 
 

@@ -255,6 +255,9 @@ class Trainer:
     def _resume(self) -> int:
         found = latest_checkpoint(self.output_dir)
         step = 0 if found is None else load_checkpoint(found, self.policy, self.optimizer)
+        if found is not None and self.accelerator.is_main_process:
+            left = f"{self.config.steps - step} to go" if step < self.config.steps else "nothing left to train"
+            tqdm.write(f"resuming from {found} (step {step} of {self.config.steps}; {left})")
         if self.accelerator.is_main_process:  # drop steps logged after that checkpoint (and a torn last line)
             for log in (self.output_dir / "metrics.jsonl", self.output_dir / ROLLOUT_LOG):
                 truncate_log(log, lambda record: record["step"] <= step)
