@@ -26,12 +26,9 @@ import pluggy
 if TYPE_CHECKING:
     import torch
 
-    from leaf_plugins.training.loss import PolicyLoss
-    from leaf_plugins.training.rollout import Rollout
-    from leaf_plugins.training.trainer import StepContext
-
     from leaf_plugins.core.batch import RolloutBatch
     from leaf_plugins.core.params import EstimatorParams
+    from leaf_plugins.core.stages import PolicyLoss, Rollout, StepContext
     from leaf_plugins.core.tree import Boundaries, EstimateResult, Nodes
 
 __all__ = ["PROJECT", "hookspec", "hookimpl", "LeafSpecs"]

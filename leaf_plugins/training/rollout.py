@@ -17,7 +17,6 @@ top-p) or ``"policy"`` (``-logprobs``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
@@ -25,6 +24,7 @@ from transformers import LogitsProcessorList
 
 from leaf_plugins.backbones.base import LoadedBackbone
 from leaf_plugins.core.batch import RolloutBatch
+from leaf_plugins.core.stages import Rollout
 from leaf_plugins.training.prompt_embedding import embed_prompts, head_on_positions, prompt_embeddings_in_front
 from leaf_plugins.training.selected_logprobs import selected_logprobs
 from leaf_plugins.training.token_stats import TokenStatistics
@@ -33,15 +33,6 @@ __all__ = ["Rollout", "sample_responses", "assemble_rollout", "response_logprobs
            "SURPRISAL_SOURCES"]
 
 SURPRISAL_SOURCES = ("sampling", "policy")
-
-
-@dataclass(frozen=True)
-class Rollout:
-    """Sampled responses (rewards not yet scored: all 0)."""
-
-    batch: RolloutBatch  # tokens (EOS included, -1 padded), surprisal, logprobs, sum_pi_squared
-    prompt_index: torch.Tensor  # [N] int64: the prompt each response answers (K consecutive rows each)
-    texts: list[str]  # decoded responses, special tokens skipped
 
 
 @torch.no_grad()
