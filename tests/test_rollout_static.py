@@ -359,6 +359,24 @@ def test_the_backend_switch():
     assert rollout.batch.size == 2
 
 
+def test_base_weights_stay_bit_identical_through_rollouts_and_updates(tmp_path):
+    """The adapter stays attached through the static loop (never merged into the
+    weights): after 3 steps of rollouts and updates every base weight is bit-identical,
+    and the adapter did change."""
+    from leaf_plugins.training.trainer import Trainer
+    from training_cases import config, examples, host
+
+    trainer = Trainer(config(tmp_path, "grpo", steps=3, checkpoint_every=10), examples(), host=host())
+    assert trainer.engine.manager.get_plugin("observer:0:DefaultStages").backend == "static"  # the default here
+    base = {name: value.detach().clone() for name, value in trainer.policy.named_parameters() if "lora_" not in name}
+    adapter = {name: value.detach().clone() for name, value in trainer.policy.named_parameters() if "lora_B" in name}
+    metrics = trainer.run()
+    assert len(metrics) == 3 and all(m["rollout_seconds"] > 0 for m in metrics)
+    after = dict(trainer.policy.named_parameters())
+    assert base and all(torch.equal(after[name], value) for name, value in base.items())
+    assert any(not torch.equal(after[name], value) for name, value in adapter.items())
+
+
 def test_projections_are_the_peft_layers_bit_for_bit(setup):
     """The loop's LoRA projections compute what the peft layers compute, bit for bit;
     a layer in any other state (adapter disabled, dropout active in training) is
@@ -383,3 +401,15 @@ def test_projections_are_the_peft_layers_bit_for_bit(setup):
     assert not any(is_plain_lora(layer) for layer in dropout_layers)  # training mode: dropout active
     dropping.eval()
     assert all(is_plain_lora(layer) for layer in dropout_layers)
+
+
+def test_rollout_backend_in_a_run_config(tmp_path):
+    from leaf_plugins.training.config import load_train_config
+
+    path = tmp_path / "run.yaml"
+    path.write_text("steps: 1\nrollout:\n  backend: vllm\n")
+    with pytest.raises(ConfigError, match=rf"{path}:3:3: rollout.backend: must be one of static, generate"):
+        load_train_config(path)
+    path.write_text("steps: 1\n")
+    assert load_train_config(path).rollout.backend is None  # static where the model supports it
+    assert load_train_config(path, ["rollout.backend=generate"]).rollout.backend == "generate"
