@@ -14,6 +14,7 @@ FLOOR_TESTS=(
   # rollout: generate, teacher forcing, shared prompt embeddings
   tests/test_rollout.py
   tests/test_rollout_shared_audio.py
+  tests/test_rollout_static.py
   tests/test_selected_logprobs.py
   # training: LoRA (peft), accelerate, activation checkpointing, checkpoints and resume
   tests/test_training_lora.py

@@ -14,7 +14,7 @@ import signal
 from typing import Any, Callable
 
 POINTS: dict[str, str] = {
-    "sampling": "inside generate, at a token draw (torch.multinomial)",
+    "sampling": "inside the rollout, at a token draw (the static loop's sampling step, generate's torch.multinomial)",
     "scoring": "after generation, before the rewards are scored",
     "estimate": "before the estimator runs",
     "backward": "in the update, before a micro-batch's backward",
@@ -76,7 +76,10 @@ def _arm(point: str, n: int) -> None:
         return call
 
     if point == "sampling":
-        _patch(torch, "multinomial", before)
+        from leaf_plugins.training.decoding.sampling_step import SamplingStep
+
+        _patch(SamplingStep, "__call__", before)  # rollout.backend static
+        _patch(torch, "multinomial", before)  # rollout.backend generate
     elif point == "scoring":
         _patch(trainer.DefaultStages, "score_rollouts", before)
     elif point == "estimate":

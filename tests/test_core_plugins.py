@@ -116,3 +116,24 @@ def test_cli_lists_plugins(capsys):
     out = capsys.readouterr().out
     for name in BUILTIN_ESTIMATORS:
         assert any(line.split()[:3] == ["estimator", name, "leaf-plugins"] for line in out.splitlines())
+
+
+def test_core_never_imports_the_trainer():
+    """The stage hooks' types live in core (``core/stages.py``): no module of core, not
+    even under ``TYPE_CHECKING``, imports ``leaf_plugins.training`` (no import circle)."""
+    import ast
+    from pathlib import Path
+
+    core = Path(leaf_plugins.__file__).parent / "core"
+    found = []
+    for path in sorted(core.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [alias.name for alias in node.names] if isinstance(node, ast.Import) else [])
+            found += [f"{path.name}: {name}" for name in names if name.startswith("leaf_plugins.training")]
+    assert not found
+    from leaf_plugins.core.stages import PolicyLoss, Rollout, StepContext
+
+    hints = {name: inspect.signature(getattr(LeafSpecs, name)).parameters for name in ("rollout", "compute_loss")}
+    assert "context" in hints["rollout"] and "StepContext" in str(hints["compute_loss"]["context"].annotation)
+    assert {Rollout.__module__, StepContext.__module__, PolicyLoss.__module__} == {"leaf_plugins.core.stages"}

@@ -3,6 +3,8 @@ pre-issue-16 path (K copies of the audio, [N, T, V] logits kept, full log-softma
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -29,9 +31,11 @@ def setup(request):
 
 @pytest.mark.parametrize("temperature, surprisal_from", [(1.0, "sampling"), (0.7, "sampling"), (0.7, "policy")])
 def test_same_tokens_and_values_as_the_k_copies_path(setup, temperature, surprisal_from):
+    """The ``generate`` backend (both paths sample through ``generate``, so the same seed
+    gives the same tokens; the static loop is tested in test_rollout_static.py)."""
     loaded, inputs = setup
     runs = []
-    for sample in (sample_responses, sample_responses_k_copies):
+    for sample in (functools.partial(sample_responses, backend="generate"), sample_responses_k_copies):
         torch.manual_seed(3)
         runs.append(sample(loaded.model, loaded, inputs, group_size=5, max_new_tokens=12, temperature=temperature,
                            top_p=0.9, surprisal_from=surprisal_from, group_ids=[7, 8, 9]))

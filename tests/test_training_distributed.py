@@ -46,7 +46,7 @@ def test_two_processes_share_the_prompts_and_end_with_identical_adapters(tmp_pat
 
 def test_fsdp2_generation_gathers_the_sharded_layers_once_per_rollout(tmp_path):
     """accelerate 1.15 runs FSDP only on accelerators (on CPU it falls back to one plain
-    process), so FSDP2 is applied by hand here, on gloo."""
+    process), so FSDP2 is applied by hand here, on gloo. Both rollout backends."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                            str(SCRIPT.parent / "fsdp_generation.py"), str(tmp_path)],
@@ -55,10 +55,13 @@ def test_fsdp2_generation_gathers_the_sharded_layers_once_per_rollout(tmp_path):
     for rank in (0, 1):
         result = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
         torch.testing.assert_close(result["forced"], result["unsharded_forced"], rtol=0, atol=1e-6)
-        for sharded in (result["once"], result["per_forward"], result["root_sharded"]):
-            assert torch.equal(sharded.tokens, result["unsharded"].tokens)
-            torch.testing.assert_close(sharded.logprobs, result["unsharded"].logprobs, rtol=0, atol=1e-6)
-        assert result["gathers_once"] == result["sharded_modules"]  # one all-gather per layer per rollout
-        steps = result["unsharded"].width
-        # without it: every layer at every token
-        assert result["gathers_per_forward"] >= result["sharded_modules"] * steps
+        modules = result["sharded_modules"]
+        for backend, runs in result["backends"].items():
+            for sharded in (runs["once"], runs["per_forward"], runs["root_sharded"]):
+                assert torch.equal(sharded.tokens, runs["unsharded"].tokens), backend
+                torch.testing.assert_close(sharded.logprobs, runs["unsharded"].logprobs, rtol=0, atol=1e-6)
+            assert runs["gathers_once"] == modules, backend  # one all-gather per layer per rollout
+        steps = result["backends"]["generate"]["unsharded"].width
+        # generate without the gathering: every layer at every token; the static loop gathers once itself
+        assert result["backends"]["generate"]["gathers_per_forward"] >= modules * steps
+        assert result["backends"]["static"]["gathers_per_forward"] == modules

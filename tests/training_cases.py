@@ -56,8 +56,8 @@ def fixed_step(trainer, prompts: list[Example], rank: int = 0, world: int = 1, s
 
     import torch
 
-    from leaf_plugins.training.rollout import Rollout, sample_responses
-    from leaf_plugins.training.trainer import StepContext
+    from leaf_plugins.core.stages import Rollout, StepContext
+    from leaf_plugins.training.rollout import sample_responses
     from leaf_plugins.training.update import with_prompt_embeddings
 
     backbone, loaded, policy = trainer.backbone, trainer.loaded, trainer.policy

@@ -238,15 +238,16 @@ def _step(shape: StepShape, model: Any, loaded: Any, optimizer: torch.optim.Opti
             "width": batch.width}
 
 
-def _child(shape: StepShape, queue: Any) -> None:
-    queue.put(measure(shape))
+def _child(function: Callable[..., Any], arguments: tuple, queue: Any) -> None:
+    queue.put(function(*arguments))
 
 
-def run_in_process(shape: StepShape) -> dict[str, Any]:
-    """``measure(shape)`` in a fresh process (so that no earlier run's memory counts)."""
+def run_in_process(shape: Any, function: Callable[..., Any] = measure, *more: Any) -> Any:
+    """``function(shape, *more)`` (default: ``measure(shape)``) in a fresh process, so that
+    no earlier run's memory counts."""
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
-    process = context.Process(target=_child, args=(shape, queue))
+    process = context.Process(target=_child, args=(function, (shape, *more), queue))
     process.start()
     process.join()
     if process.exitcode != 0:

@@ -1,5 +1,6 @@
 """``leaf bench``: benchmarks (``speed``: estimator speed table; ``credit``: credit
-quality; ``step``: a training step's time and memory, today's path and the old one)."""
+quality; ``step``: a training step's time and memory, today's path and the old one;
+``rollout``: the two rollout backends against the memory-bandwidth floor)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from leaf_plugins.core.errors import ConfigError
 NAME = "bench"
 HELP = ("Run benchmarks: 'speed' times every estimator against GRPO and the reference; "
         "'credit' measures credit quality against exact ground truth; "
-        "'step' measures a training step's phases and peak memory, old path and new.")
+        "'step' measures a training step's phases and peak memory, old path and new; "
+        "'rollout' times both rollout backends against the memory-bandwidth floor.")
 
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,6 +61,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="cpu (tiny stand-ins with the real vocabularies) or a CUDA device such as cuda: "
                            "random-weight Qwen2-Audio-7B and Granite Speech 3.3 8B in bf16 at the paper's shape")
     step.set_defaults(bench=run_step)
+    rollout = sub.add_parser("rollout", help="ms per generated token of both rollout backends, the bandwidth floor, "
+                                             "peak memory and the bf16 rollout/teacher-forced mismatch")
+    rollout.add_argument("--out", type=Path, default=Path("results/rollout"), help="directory for JSON and tables")
+    rollout.add_argument("--quick", action="store_true", help="a small run (seconds), e.g. for tests")
+    rollout.add_argument("--repeats", type=int, metavar="N",
+                         help="timed rollouts per backend, alternating backends (median; default 5, 3 on CUDA)")
+    rollout.add_argument("--backbone", choices=["qwen2-audio", "granite-speech"], action="append",
+                         help="measure only this backbone (repeatable; default both)")
+    rollout.add_argument("--device", default="cpu", metavar="DEVICE",
+                         help="cpu (the tiny backbones at the demo's shape) or a CUDA device such as cuda: "
+                              "random-weight Qwen2-Audio-7B and Granite Speech 3.3 8B in bf16 at the paper's shape")
+    rollout.set_defaults(bench=run_rollout)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -177,4 +191,29 @@ def run_step(args: argparse.Namespace) -> int:
     (args.out / "step.md").write_text(table + "\n\n" + accounting + "\n")
     plot_growth(rows, args.out / "step_memory.png")
     print("\n" + table + "\n\n" + accounting + f"\n\nwritten: {args.out}/step.md, step.json, step_memory.png")
+    return 0
+
+
+def run_rollout(args: argparse.Namespace) -> int:
+    import json
+
+    from leaf_plugins.bench.rollout import cpu_shapes, cuda_shapes, measure_rollout, mismatch_table, rollout_table
+    from leaf_plugins.bench.step import run_in_process
+
+    if args.repeats is not None and args.repeats < 1:
+        raise ConfigError(f"--repeats must be at least 1, got {args.repeats}")
+    on_cpu = args.device == "cpu"
+    repeats = args.repeats or (5 if on_cpu else 3)
+    shapes = cpu_shapes(repeats, args.quick) if on_cpu else cuda_shapes(args.device, repeats)
+    if args.backbone:
+        shapes = [shape for shape in shapes if shape.backbone in args.backbone]
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for shape in shapes:
+        print(f"measuring {shape.backbone} ({shape.size}) on {shape.device} ...", flush=True)
+        rows.append(run_in_process(shape, measure_rollout))  # one process per backbone: both backends inside it
+        (args.out / "rollout.json").write_text(json.dumps(rows, indent=1))  # kept if a later one is interrupted
+    text = rollout_table(rows) + "\n\nbf16 rollout/teacher-forced mismatch:\n\n" + mismatch_table(rows)
+    (args.out / "rollout.md").write_text(text + "\n")
+    print("\n" + text + f"\n\nwritten: {args.out}/rollout.md, rollout.json")
     return 0

@@ -26,12 +26,9 @@ import pluggy
 if TYPE_CHECKING:
     import torch
 
-    from leaf_plugins.training.loss import PolicyLoss
-    from leaf_plugins.training.rollout import Rollout
-    from leaf_plugins.training.trainer import StepContext
-
     from leaf_plugins.core.batch import RolloutBatch
     from leaf_plugins.core.params import EstimatorParams
+    from leaf_plugins.core.stages import PolicyLoss, Rollout, StepContext
     from leaf_plugins.core.tree import Boundaries, EstimateResult, Nodes
 
 __all__ = ["PROJECT", "hookspec", "hookimpl", "LeafSpecs"]
@@ -130,11 +127,15 @@ class LeafSpecs:
     # ------------------------------------------------------------------ training stages
     @hookspec(firstresult=True)
     def rollout(self, context: StepContext) -> Rollout | None:
-        """Sample K responses for each prompt of the step.
+        """Sample K responses for each prompt of the step (the built-in one runs the
+        backend ``rollout.backend`` names: the static decode loop or ``generate``).
 
-        :param context: the step: model, backbone, model inputs of the prompts, the
-            examples, the run configuration.
-        :return: a ``Rollout`` (batch with surprisal and log-probs, prompt index, texts).
+        :param context: the step: model, backbone, model inputs of the prompts (with
+            their ``inputs_embeds``), the examples, the run configuration.
+        :return: a ``Rollout`` (``core/stages.py``): a batch of K consecutive rows per
+            prompt with tokens (EOS included, then -1), log π_old under logits /
+            temperature without top-p, surprisal, Σπ², the logits' width; the prompt
+            index; the texts. docs/training.md, "A third-party backend", lists it all.
 
         Stops at first non-None result.
         """

@@ -15,10 +15,11 @@ from tqdm import tqdm
 
 from leaf_plugins.backbones.base import LoadedBackbone
 from leaf_plugins.core.plugins import PluginHost, get_host
+from leaf_plugins.core.stages import Rollout
 from leaf_plugins.tasks.base import Example
 from leaf_plugins.training.checkpoint import latest_checkpoint
 from leaf_plugins.training.config import BackboneConfig
-from leaf_plugins.training.rollout import Rollout, sample_responses
+from leaf_plugins.training.rollout import sample_responses
 
 __all__ = ["Policy", "load_policy", "run_to_sample", "sample_groups", "sample_predictions"]
 

@@ -14,6 +14,7 @@ from leaf_plugins.training.estimator_switch import announce_dropped, apply_layer
 from leaf_plugins.training.finite import NONFINITE_REWARD_POLICIES
 from leaf_plugins.training.ranges import RUN_RANGES
 from leaf_plugins.training.rollout import SURPRISAL_SOURCES
+from leaf_plugins.training.rollout_backend import ROLLOUT_BACKENDS
 
 __all__ = [
     "BackboneConfig", "TaskConfig", "EstimatorConfig", "RolloutConfig", "OptimConfig", "LoraSettings", "TrainConfig",
@@ -52,6 +53,7 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 0.9
     surprisal_from: str = "sampling"
+    backend: str | None = None  # static (our decode loop) or generate (Hugging Face); unset: static where supported
 
 
 @dataclass
@@ -134,6 +136,8 @@ def train_validators(host: PluginHost, prefix: str = "") -> dict[str, Callable[[
         else f"must be one of {', '.join(NONFINITE_REWARD_POLICIES)}",
         "rollout.surprisal_from": lambda value: None if value in SURPRISAL_SOURCES
         else f"must be one of {', '.join(SURPRISAL_SOURCES)}",
+        "rollout.backend": lambda value: None if value is None or value in ROLLOUT_BACKENDS
+        else f"must be one of {', '.join(ROLLOUT_BACKENDS)} (or unset: static where the model supports it)",
         "optim.loss_aggregation": lambda value: None if value in LOSS_AGGREGATIONS
         else f"must be one of {', '.join(LOSS_AGGREGATIONS)}",
     }

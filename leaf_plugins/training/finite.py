@@ -13,9 +13,9 @@ import torch
 
 from leaf_plugins.core.errors import NonFiniteError
 from leaf_plugins.core.finite import nonfinite_fields
+from leaf_plugins.core.stages import Rollout
 from leaf_plugins.tasks.base import Example
 from leaf_plugins.training.checkpoint import latest_checkpoint
-from leaf_plugins.training.rollout import Rollout
 
 __all__ = ["NONFINITE_REWARD_POLICIES", "bad_reward_prompts", "keep_prompts", "check_update", "scorer_name"]
 

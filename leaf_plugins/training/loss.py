@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from leaf_plugins.core.stages import PolicyLoss
+
 __all__ = ["PolicyLoss", "policy_loss"]
-
-
-@dataclass(frozen=True)
-class PolicyLoss:
-    """The loss and the statistics worth logging (all scalars)."""
-
-    loss: torch.Tensor  # differentiable
-    policy_term: torch.Tensor  # -E[min(ρA, clip(ρ)A)]
-    kl: torch.Tensor  # E[k3]
-    clip_fraction: torch.Tensor  # share of tokens where the clipped term was the minimum
 
 
 def policy_loss(

@@ -3,48 +3,43 @@ and teacher-forced log-probabilities of given responses (for the loss).
 
 Two distributions are involved at every sampled position:
 
-* the *sampling* distribution: the model's logits divided by the temperature, then
-  top-p filtered (what ``generate`` samples from);
+* the *sampling* distribution: the model's logits with the audio tokens banned, divided
+  by the temperature, then top-p filtered (what is sampled from);
 * the *policy* distribution: the logits divided by the temperature, without top-p.
 
 ``logprobs`` (π_old in the loss ratio) and ``sum_pi_squared`` (Σ_v π_old(v)², which the
 variance-aware estimators read) are always under the policy distribution, which is
 what ``response_logprobs`` computes for π_θ and π_ref, so the ratio is 1 before the first
-update. ``surprisal_from`` chooses the distribution of the surprisal LEAF uses to pick
+update (up to the rounding of the two computations, see docs/training.md).
+``surprisal_from`` chooses the distribution of the surprisal LEAF uses to pick
 boundaries: ``"sampling"`` (the default, as the authors' code: after temperature and
 top-p) or ``"policy"`` (``-logprobs``).
+
+Two backends sample (``rollout.backend``): ``static``, our own decode loop over static
+K/V buffers (``decoding/static_rollout.py``, the default wherever the model is
+supported), and ``generate``, Hugging Face ``generate`` (``generate_rollout.py``, the
+reference). They draw from the same distributions and return the same ``Rollout``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
-from transformers import LogitsProcessorList
 
 from leaf_plugins.backbones.base import LoadedBackbone
-from leaf_plugins.core.batch import RolloutBatch
+from leaf_plugins.core.stages import Rollout
+from leaf_plugins.training.decoding.static_rollout import static_rollout
+from leaf_plugins.training.generate_rollout import generate_rollout
 from leaf_plugins.training.prompt_embedding import embed_prompts, head_on_positions, prompt_embeddings_in_front
+from leaf_plugins.training.rollout_assembly import SURPRISAL_SOURCES, assemble_rollout, audio_token_ids
+from leaf_plugins.training.rollout_backend import resolve_backend
 from leaf_plugins.training.selected_logprobs import selected_logprobs
-from leaf_plugins.training.token_stats import TokenStatistics
 
 __all__ = ["Rollout", "sample_responses", "assemble_rollout", "response_logprobs", "audio_token_ids",
            "SURPRISAL_SOURCES"]
 
-SURPRISAL_SOURCES = ("sampling", "policy")
 
-
-@dataclass(frozen=True)
-class Rollout:
-    """Sampled responses (rewards not yet scored: all 0)."""
-
-    batch: RolloutBatch  # tokens (EOS included, -1 padded), surprisal, logprobs, sum_pi_squared
-    prompt_index: torch.Tensor  # [N] int64: the prompt each response answers (K consecutive rows each)
-    texts: list[str]  # decoded responses, special tokens skipped
-
-
-@torch.no_grad()
 def sample_responses(
     model: torch.nn.Module,
     loaded: LoadedBackbone,
@@ -55,62 +50,22 @@ def sample_responses(
     top_p: float = 0.9,
     surprisal_from: str = "sampling",
     group_ids: Sequence[int] | None = None,
+    backend: str | None = None,
 ) -> Rollout:
     """Sample ``group_size`` responses for every prompt of ``inputs`` (left padded).
 
     The prompts are embedded once (``inputs["inputs_embeds"]`` when the caller already
-    has them, see ``embed_prompts``) and the embeddings expanded to the K rows, so the
-    audio encoder runs once per prompt. The per-token statistics are taken at each step
-    (``TokenStatistics``): memory ``O(N·T)``, not ``O(N·T·V)``. Generation stops at EOS,
-    which belongs to the response; what follows is padding.
+    has them, see ``embed_prompts``), so the audio encoder runs once per prompt. The
+    per-token statistics are taken at each step: memory ``O(N·T)``, not ``O(N·T·V)``.
+    Generation stops at EOS, which belongs to the response; what follows is padding.
+
+    :param backend: ``"static"``, ``"generate"``, or None: ``static`` where the model is
+        supported, else ``generate`` with a notice (``rollout_backend.resolve_backend``).
     """
     if surprisal_from not in SURPRISAL_SOURCES:
         raise ValueError(f"surprisal_from must be one of {SURPRISAL_SOURCES}, got {surprisal_from!r}")
-    tokenizer = loaded.tokenizer
-    embeddings = inputs["inputs_embeds"] if "inputs_embeds" in inputs else embed_prompts(model, inputs)  # [P, L, H]
-    device = embeddings.device
-    statistics = TokenStatistics(temperature, top_p, audio_token_ids(loaded), device)
-    with head_on_positions(model, slice(-1, None)):  # the prefill projects the last position only, not [N, L, V]
-        generated = model.generate(
-            inputs_embeds=embeddings.repeat_interleave(group_size, dim=0),  # [N, L, H]
-            attention_mask=inputs["attention_mask"].repeat_interleave(group_size, dim=0),
-            logits_processor=LogitsProcessorList([statistics]),
-            do_sample=True,
-            temperature=1.0,  # TokenStatistics applies the temperature, top-p and the audio-token ban
-            top_p=1.0,
-            top_k=0,
-            max_new_tokens=max_new_tokens,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )  # [N, T]: with inputs_embeds only, generate returns the new tokens alone
-    recorded = statistics.finish(generated[:, -1])  # [N, T] each
-    surprisal = -recorded["sampling_logprobs"] if surprisal_from == "sampling" else -recorded["logprobs"]
-    return assemble_rollout(tokenizer, generated, recorded["logprobs"], surprisal, recorded["sum_pi_squared"],
-                            statistics.vocab_size, group_size, group_ids)
-
-
-def assemble_rollout(tokenizer: Any, generated: torch.Tensor, logprobs: torch.Tensor, surprisal: torch.Tensor,
-                     sum_pi_squared: torch.Tensor, vocab_size: int, group_size: int,
-                     group_ids: Sequence[int] | None) -> Rollout:
-    """The ``Rollout`` of ``[N, T]`` generated ids (K consecutive rows per prompt) and
-    their per-token values: cut after the first EOS, padded with ``-1`` / 0, decoded."""
-    device = generated.device
-    lengths = _response_lengths(generated, tokenizer.eos_token_id)  # [N]
-    real = torch.arange(generated.shape[1], device=device).unsqueeze(0) < lengths.unsqueeze(1)  # [N, T]
-    prompt_index = torch.arange(generated.shape[0] // group_size, device=device).repeat_interleave(group_size)  # [N]
-    ids = torch.as_tensor(list(group_ids), device=device)[prompt_index] if group_ids is not None else prompt_index
-    batch = RolloutBatch(
-        tokens=torch.where(real, generated, -1).cpu(),
-        lengths=lengths.cpu(),
-        group_ids=ids.cpu(),
-        rewards=torch.zeros(generated.shape[0]),
-        surprisal=torch.where(real, surprisal, 0.0).cpu(),
-        logprobs=torch.where(real, logprobs, 0.0).cpu(),
-        sum_pi_squared=torch.where(real, sum_pi_squared, 0.0).cpu(),
-        vocab_size=vocab_size,  # the model may sample ids beyond len(tokenizer) (padded embeddings)
-    )
-    texts = tokenizer.batch_decode(torch.where(real, generated, tokenizer.pad_token_id), skip_special_tokens=True)
-    return Rollout(batch=batch, prompt_index=prompt_index.cpu(), texts=texts)
+    sample = static_rollout if resolve_backend(model, backend) == "static" else generate_rollout
+    return sample(model, loaded, inputs, group_size, max_new_tokens, temperature, top_p, surprisal_from, group_ids)
 
 
 def response_logprobs(
@@ -147,30 +102,3 @@ def response_logprobs(
             head_on_positions(model, slice(prompt_width - 1, prompt_width + width - 1)):
         logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits  # [N, T, V]
     return torch.where(real, selected_logprobs(logits, tokens, temperature), 0.0)
-
-
-def audio_token_ids(loaded: LoadedBackbone) -> list[int]:
-    """Ids of the audio placeholder tokens (never part of a response: the processor
-    would take them for audio slots), from the tokenizer, the processor and the model
-    config (a tokenizer reloaded from disk may have lost its ``audio_token`` attributes)."""
-    tokenizer = loaded.tokenizer
-    found: set[int] = set()
-    for source in (tokenizer, loaded.processor):
-        for name in ("audio_token", "audio_bos_token", "audio_eos_token"):
-            token = getattr(source, name, None)
-            if isinstance(token, str):
-                number = tokenizer.convert_tokens_to_ids(token)
-                if isinstance(number, int) and number != tokenizer.unk_token_id:
-                    found.add(number)
-    for name in ("audio_token_index", "audio_token_id"):
-        number = getattr(loaded.model.config, name, None)
-        if isinstance(number, int):
-            found.add(number)
-    return sorted(found)
-
-
-def _response_lengths(generated: torch.Tensor, eos_token_id: int) -> torch.Tensor:
-    """``[N]``: up to and including the first EOS, or every generated token."""
-    is_eos = generated == eos_token_id  # [N, T]
-    first = is_eos.to(torch.uint8).argmax(dim=1)
-    return torch.where(is_eos.any(dim=1), first + 1, generated.shape[1])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -21,11 +21,11 @@ from accelerate import Accelerator
 from tqdm import tqdm
 
 from leaf_plugins.analysis.rollout_log import RolloutLogger
-from leaf_plugins.backbones.base import LoadedBackbone
 from leaf_plugins.core.engine import Engine
 from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.core.hookspecs import hookimpl
 from leaf_plugins.core.plugins import PluginHost, get_host
+from leaf_plugins.core.stages import PolicyLoss, Rollout, StepContext
 from leaf_plugins.tasks.base import Example
 from leaf_plugins.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from leaf_plugins.training.config import TrainConfig
@@ -35,8 +35,9 @@ from leaf_plugins.training.environment import record_environment
 from leaf_plugins.training.finite import bad_reward_prompts, check_update, keep_prompts, scorer_name
 from leaf_plugins.training.generation_weights import gathered_for_generation
 from leaf_plugins.training.lora import attach_lora
-from leaf_plugins.training.loss import PolicyLoss, policy_loss
-from leaf_plugins.training.rollout import Rollout, audio_token_ids, sample_responses
+from leaf_plugins.training.loss import policy_loss
+from leaf_plugins.training.rollout import audio_token_ids, sample_responses
+from leaf_plugins.training.rollout_backend import resolve_backend
 from leaf_plugins.training.update import accumulate_gradients, with_prompt_embeddings
 
 __all__ = ["StepContext", "DefaultStages", "Trainer", "ROLLOUT_LOG"]
@@ -44,24 +45,14 @@ __all__ = ["StepContext", "DefaultStages", "Trainer", "ROLLOUT_LOG"]
 ROLLOUT_LOG = "rollouts.jsonl"  # in the run's output directory, with ``log_rollouts: true``
 
 
-@dataclass
-class StepContext:
-    """What the stage hooks of one step see."""
-
-    step: int
-    model: Any  # the PeftModel (unwrapped from DDP)
-    loaded: LoadedBackbone
-    examples: list[Example]  # this process's prompts of the step
-    inputs: dict[str, torch.Tensor]  # their model inputs (left padded)
-    config: TrainConfig
-
-
 class DefaultStages:
-    """The built-in rollout (Hugging Face ``generate`` with sampling), scoring (the run's
-    registered reward against each example's reference) and loss (paper Eq. 1)."""
+    """The built-in rollout (``rollout.backend``: the static decode loop or Hugging Face
+    ``generate``), scoring (the run's registered reward against each example's
+    reference) and loss (paper Eq. 1)."""
 
-    def __init__(self, reward: Any) -> None:
+    def __init__(self, reward: Any, backend: str) -> None:
         self.reward = reward
+        self.backend = backend  # "static" or "generate" (rollout.backend, resolved for the model)
 
     @hookimpl
     def rollout(self, context: StepContext) -> Rollout:
@@ -76,6 +67,7 @@ class DefaultStages:
             top_p=settings.top_p,
             surprisal_from=settings.surprisal_from,
             group_ids=[context.step * 1_000_000 + i for i in range(len(context.examples))],
+            backend=self.backend,
         )
 
     @hookimpl
@@ -128,7 +120,8 @@ class Trainer:
         # the main process logs its share of every step's rollout groups (1-based step numbers)
         self.rollout_logger = (RolloutLogger(self.output_dir / ROLLOUT_LOG)
                                if config.log_rollouts and self.accelerator.is_main_process else None)
-        observers = [DefaultStages(reward), *([self.rollout_logger] if self.rollout_logger else []), *plugins]
+        backend = resolve_backend(self.policy, config.rollout.backend)  # static where supported
+        observers = [DefaultStages(reward, backend), *([self.rollout_logger] if self.rollout_logger else []), *plugins]
         self.engine = Engine(
             config.estimator.name,
             config.estimator.params,

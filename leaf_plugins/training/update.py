@@ -14,10 +14,11 @@ from typing import Any
 import torch
 
 from leaf_plugins.core.batch import RolloutBatch
+from leaf_plugins.core.stages import Rollout
 from leaf_plugins.training.aggregation import StepTotals, token_weights
 from leaf_plugins.training.lora import reference_policy
 from leaf_plugins.training.prompt_embedding import embed_prompts
-from leaf_plugins.training.rollout import Rollout, response_logprobs
+from leaf_plugins.training.rollout import response_logprobs
 
 __all__ = ["step_totals", "accumulate_gradients", "with_prompt_embeddings"]
 

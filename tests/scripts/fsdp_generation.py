@@ -1,7 +1,8 @@
 """Under 2 processes (gloo, CPU): a tiny backbone with LoRA, its decoder layers sharded
-with FSDP2, generates the same responses as before sharding, and
-``gathered_for_generation`` all-gathers the weights once per rollout instead of per layer
-and token; with the root sharded too (accelerate's wrapping), the rollout and the
+with FSDP2, generates the same responses as before sharding, on both rollout backends;
+``gathered_for_generation`` all-gathers the weights once per rollout instead of per
+layer and token (``generate``), and the static loop gathers them once itself even
+without it; with the root sharded too (accelerate's wrapping), the rollout and the
 teacher-forced pass still give the unsharded values.
 
 Usage: python -m torch.distributed.run --nproc_per_node 2 fsdp_generation.py OUTPUT_DIR
@@ -39,16 +40,17 @@ def main(output: Path) -> None:
     inputs = backbone.build_inputs(loaded, ["<|audio|> translate this"] * 2,
                                    [(rng.standard_normal(16000) * 0.1).astype(np.float32) for _ in range(2)])
 
-    def rollout():
+    def rollout(backend):
         torch.manual_seed(1)
-        return sample_responses(model, loaded, inputs, group_size=2, max_new_tokens=6)
+        return sample_responses(model, loaded, inputs, group_size=2, max_new_tokens=6, backend=backend)
 
-    unsharded = rollout()
+    backends = ("generate", "static")
+    unsharded = {backend: rollout(backend) for backend in backends}
 
     def forced():
-        batch = unsharded.batch
+        batch = unsharded["generate"].batch
         with torch.no_grad():
-            return response_logprobs(model, inputs, batch.tokens, batch.lengths, unsharded.prompt_index)
+            return response_logprobs(model, inputs, batch.tokens, batch.lengths, unsharded["generate"].prompt_index)
 
     unsharded_forced = forced()
     for layer in language_model_of(model).layers:
@@ -61,20 +63,24 @@ def main(output: Path) -> None:
         return original(*args, **kwargs)
 
     _fsdp_param_group.foreach_all_gather = counting
-    with gathered_for_generation(model):
-        once = rollout()
-    gathered = len(gathers)
-    gathers.clear()
-    per_forward = rollout()
+    results = {}
+    for backend in backends:
+        gathers.clear()
+        with gathered_for_generation(model):
+            once = rollout(backend)
+        gathered = len(gathers)
+        gathers.clear()
+        per_forward = rollout(backend)
+        results[backend] = {"once": once.batch, "per_forward": per_forward.batch, "gathers_once": gathered,
+                            "gathers_per_forward": len(gathers), "unsharded": unsharded[backend].batch}
     loaded, model = build()  # FSDP2 cannot wrap the root after a forward: a fresh copy, root wrapped too
     for layer in language_model_of(model).layers:
         fully_shard(layer)
     fully_shard(model)
-    with gathered_for_generation(model):
-        root_sharded = rollout()
-    torch.save({"root_sharded": root_sharded.batch, "forced": forced(), "unsharded_forced": unsharded_forced,
-                "unsharded": unsharded.batch, "once": once.batch, "per_forward": per_forward.batch,
-                "gathers_once": gathered, "gathers_per_forward": len(gathers),
+    for backend in backends:
+        with gathered_for_generation(model):
+            results[backend]["root_sharded"] = rollout(backend).batch
+    torch.save({"backends": results, "forced": forced(), "unsharded_forced": unsharded_forced,
                 "sharded_modules": len(language_model_of(model).layers)},
                output / f"rank{dist.get_rank()}.pt")
     dist.destroy_process_group()

@@ -1,0 +1,53 @@
+"""What the training-stage hooks (``rollout``, ``score_rollouts``, ``compute_loss``)
+receive and return: the step they run in, the sampled responses, and the loss.
+
+These types live in core, beside the hook specifications that name them, so that a
+plugin implementing a stage (a vLLM or SGLang rollout server, a custom loss) needs
+nothing from the trainer, and core never imports ``leaf_plugins.training``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from leaf_plugins.core.batch import RolloutBatch
+
+if TYPE_CHECKING:
+    from leaf_plugins.backbones.base import LoadedBackbone
+    from leaf_plugins.tasks.base import Example
+
+__all__ = ["StepContext", "Rollout", "PolicyLoss"]
+
+
+@dataclass
+class StepContext:
+    """What the stage hooks of one step see."""
+
+    step: int
+    model: Any  # the PeftModel (unwrapped from DDP)
+    loaded: "LoadedBackbone"
+    examples: "list[Example]"  # this process's prompts of the step
+    inputs: dict[str, torch.Tensor]  # their model inputs (left padded), with the prompts' ``inputs_embeds``
+    config: Any  # the run's ``TrainConfig`` (``leaf_plugins.training.config``)
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """Sampled responses (rewards not yet scored: all 0)."""
+
+    batch: RolloutBatch  # tokens (EOS included, -1 padded), surprisal, logprobs, sum_pi_squared
+    prompt_index: torch.Tensor  # [N] int64: the prompt each response answers (K consecutive rows each)
+    texts: list[str]  # decoded responses, special tokens skipped
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """The loss and the statistics worth logging (all scalars)."""
+
+    loss: torch.Tensor  # differentiable
+    policy_term: torch.Tensor  # -E[min(ρA, clip(ρ)A)]
+    kl: torch.Tensor  # E[k3]
+    clip_fraction: torch.Tensor  # share of tokens where the clipped term was the minimum

@@ -1,0 +1,156 @@
+"""The decoder's forward, written out over the model's own submodules.
+
+``LeanDecoder`` runs the embedding, each layer's input/post-attention norms, its
+``q_proj``/``k_proj``/``v_proj``/``o_proj`` and MLP, the final norm and the output head
+exactly as the Hugging Face forward of the supported families does (``family.py``; the
+linear layers through ``projections.py``), so peft LoRA layers (the adapter attached,
+never merged) and gathered FSDP2 weights apply unchanged; what it owns is the per-token work: rotary embeddings at explicit positions
+from a table computed once by the model's own rotary module, keys and values in
+``KVBuffers``, grouped-query attention without repeated heads (``attention.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from leaf_plugins.training.decoding.attention import prompt_attention, prompt_attention_bias, shared_prefix_attention
+from leaf_plugins.training.decoding.family import DecoderFamily
+from leaf_plugins.training.decoding.kv_buffers import KVBuffers
+from leaf_plugins.training.decoding.projections import projection
+
+__all__ = ["LeanDecoder", "rotate"]
+
+Call = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class _LayerCalls:
+    """One decoder layer's submodules as the loop calls them (``projections.py``)."""
+
+    input_norm: Call
+    query: Call
+    key: Call
+    value: Call
+    output: Call
+    post_norm: Call
+    mlp: Call
+
+    @classmethod
+    def of(cls, layer: torch.nn.Module, gated_mlp: bool) -> "_LayerCalls":
+        attention, mlp = layer.self_attn, layer.mlp
+        if gated_mlp:  # the family's MLP forward, down(act(gate(x)) * up(x)), over its own projections
+            gate, up, down, act = projection(mlp.gate_proj), projection(mlp.up_proj), projection(mlp.down_proj), mlp.act_fn
+
+            def feed_forward(x: torch.Tensor) -> torch.Tensor:
+                return down(act(gate(x)) * up(x))
+        else:
+            feed_forward = mlp
+        return cls(layer.input_layernorm, projection(attention.q_proj), projection(attention.k_proj),
+                   projection(attention.v_proj), projection(attention.o_proj), layer.post_attention_layernorm,
+                   feed_forward)
+
+
+def rotate(states: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding ``x·cos + rotate_half(x)·sin`` as the Hugging Face
+    ``apply_rotary_pos_emb`` computes it, with ``rotate_half(x)·sin`` taken as
+    ``roll(x, d/2)·signed_sin`` (``signed_sin``: ``sin`` with its first half negated;
+    ``(-a)·b == a·(-b)`` exactly, so every rounding is the same). ``cos``/``signed_sin``
+    broadcast over the heads."""
+    return states * cos + states.roll(states.shape[-1] // 2, dims=-1) * signed_sin
+
+
+class LeanDecoder:
+    """The prefill of the prompts and the one-token decode step of every row."""
+
+    def __init__(self, family: DecoderFamily) -> None:
+        """Build it where the weights it runs with are in place (inside
+        ``gathered_for_generation`` under FSDP2): the adapter state is read here."""
+        self.family = family
+        self.embed = family.decoder.get_input_embeddings()
+        self.layers = [_LayerCalls.of(layer, family.gated_mlp) for layer in family.layers]
+        self.cos: torch.Tensor | None = None  # [positions, d] in the model's dtype
+        self.signed_sin: torch.Tensor | None = None  # [positions, d]: sin, its first half negated
+
+    def prepare_positions(self, length: int, like: torch.Tensor) -> None:
+        """Compute the rotary table of positions ``0 … length-1`` once, with the model's
+        own rotary module (its ``inv_freq`` and scaling), in ``like``'s dtype."""
+        positions = torch.arange(length, device=like.device).unsqueeze(0)  # [1, length]
+        cos, sin = self.family.decoder.rotary_emb(like, position_ids=positions)
+        half = sin.shape[-1] // 2
+        self.cos, self.signed_sin = cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
+
+    def _residual(self, branch: torch.Tensor) -> torch.Tensor:
+        multiplier = self.family.residual_multiplier
+        return branch if multiplier == 1.0 else branch * multiplier
+
+    def _embedded(self, embeddings: torch.Tensor) -> torch.Tensor:
+        multiplier = self.family.embedding_multiplier
+        return embeddings if multiplier == 1.0 else embeddings * multiplier
+
+    def prefill(self, embeddings: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor],
+                                                                               list[torch.Tensor]]:
+        """Run the prompts once: ``[P, V]`` float32 logits at their last position and,
+        per layer, their ``[P, kv_heads, L, d]`` keys and values.
+
+        :param embeddings: ``[P, L, H]`` the prompts' input embeddings (audio merged in,
+            as the model's language model receives them), left padded.
+        :param mask: ``[P, L]`` their attention mask; positions are ``cumsum(mask) - 1``
+            as ``generate`` gives them.
+        """
+        family = self.family
+        prompts, width, _ = embeddings.shape
+        positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)  # [P, L]
+        cos, sin = self.cos[positions].unsqueeze(1), self.signed_sin[positions].unsqueeze(1)  # [P, 1, L, d]
+        bias = prompt_attention_bias(mask)  # [P, 1, L, L]
+        hidden = self._embedded(embeddings)
+        all_keys, all_values = [], []
+        for layer in self.layers:
+            normed = layer.input_norm(hidden)
+            query = layer.query(normed).view(prompts, width, family.heads, family.head_dim).transpose(1, 2)
+            keys = layer.key(normed).view(prompts, width, family.kv_heads, family.head_dim).transpose(1, 2)
+            values = layer.value(normed).view(prompts, width, family.kv_heads, family.head_dim).transpose(1, 2)
+            query, keys, values = rotate(query, cos, sin), rotate(keys, cos, sin).contiguous(), values.contiguous()
+            all_keys.append(keys)
+            all_values.append(values)
+            attended = prompt_attention(query, keys, values, bias, family.attention_scale)  # [P, L, heads·d]
+            hidden = hidden + self._residual(layer.output(attended))
+            hidden = hidden + self._residual(layer.mlp(layer.post_norm(hidden)))
+        last = family.decoder.norm(hidden[:, -1])  # left padding: every prompt ends at the last position
+        return family.head(last).float(), all_keys, all_values
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, slot: torch.Tensor, span: int,
+             buffers: KVBuffers, span_positions: torch.Tensor | None = None) -> torch.Tensor:
+        """One token per row through the decoder: ``[N, V]`` float32 logits. Writes the
+        token's keys and values into generated slot ``slot`` and attends over the
+        prompt's prefix and the first ``span`` slots. No host synchronisation: every
+        index is a device tensor.
+
+        :param tokens: ``[N]`` the tokens fed (each row's last sample).
+        :param positions: ``[N]`` their positions.
+        :param slot: ``[1]`` int64, the generated slot they go to.
+        :param span_positions: ``[>= span]`` int64 ``0, 1, …``: the slots after ``slot``
+            are masked (a static span longer than the written slots, for a CUDA graph);
+            None when ``span`` is exactly ``slot + 1``.
+        """
+        family = self.family
+        rows = tokens.shape[0]
+        cos, sin = self.cos[positions].unsqueeze(1), self.signed_sin[positions].unsqueeze(1)  # [N, 1, d]
+        span_bias = None if span_positions is None else torch.zeros(
+            span, dtype=torch.float32, device=tokens.device).masked_fill_(span_positions[:span] > slot, float("-inf"))
+        hidden = self._embedded(self.embed(tokens))  # [N, H]
+        for index, layer in enumerate(self.layers):
+            normed = layer.input_norm(hidden)
+            query = rotate(layer.query(normed).view(rows, family.heads, family.head_dim), cos, sin)
+            keys = rotate(layer.key(normed).view(rows, family.kv_heads, family.head_dim), cos, sin)
+            values = layer.value(normed).view(rows, family.kv_heads, family.head_dim)
+            buffers.keys[index].index_copy_(2, slot, keys.unsqueeze(2))
+            buffers.values[index].index_copy_(2, slot, values.unsqueeze(2))
+            attended = shared_prefix_attention(query, buffers.prefix_keys[index], buffers.prefix_values[index],
+                                               buffers.prefix_bias, buffers.keys[index][:, :, :span],
+                                               buffers.values[index][:, :, :span], span_bias, family.attention_scale)
+            hidden = hidden + self._residual(layer.output(attended))
+            hidden = hidden + self._residual(layer.mlp(layer.post_norm(hidden)))
+        return family.head(family.decoder.norm(hidden)).float()

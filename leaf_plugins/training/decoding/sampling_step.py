@@ -1,0 +1,90 @@
+"""One sampling step on ``[N, V]`` logits: the per-token statistics and the sample,
+without host synchronisation.
+
+The same two distributions as ``TokenStatistics`` (the ``generate`` path), in the same
+order of transforms:
+
+* policy π: ``log_softmax(logits / temperature)`` (no top-p): log π(token) and Σ_v π(v)²;
+* sampling q: audio tokens banned (``-inf``), divided by the temperature, top-p filtered
+  as transformers' ``TopPLogitsWarper`` does: in ascending order, the tokens whose
+  cumulative probability is ``<= 1 - top_p`` are removed, the most likely one always
+  kept. The removed tokens are a prefix of the sorted order, so the kept ones are those
+  at least as likely as the first kept one: only the sorted *values* are needed (the
+  same cumulative sums as transformers', from the same sorted values), and the kept set
+  is ``scores >= threshold``. (Tokens tied in score exactly at the threshold are all
+  kept; transformers keeps those its sort happened to place last.) On the CPU the values
+  are sorted by numpy, several times faster there than ``torch.sort``.
+
+The token is drawn from q by an exponential race: ``argmax_v q(v) / E_v`` with
+``E_v = -log U_v ~ Exp(1)`` independent is v with probability q(v) (the first of V
+Poisson clocks of rates q(v) to ring), computed as ``argmin_v q(v) / log U_v``: no
+data-dependent shapes, no host round trip, one uniform draw per entry. (``U_v = 0``
+gives ``E_v = inf``: that token cannot win, an event of probability 2^-24.) Finished
+rows produce the pad token (as ``generate`` does); their values are dropped when the
+rollout is assembled.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from leaf_plugins.training.decoding.decode_state import DecodeState
+
+__all__ = ["SamplingStep"]
+
+
+class SamplingStep:
+    """Statistics, sample and bookkeeping of one step, written into a ``DecodeState``."""
+
+    def __init__(self, temperature: float, top_p: float, banned: Sequence[int], vocab_size: int, eos_token_id: int,
+                 pad_token_id: int, device: torch.device) -> None:
+        self.temperature = temperature
+        self.top_p = top_p
+        banned_ids = [token for token in banned if 0 <= token < vocab_size]
+        self.banned = torch.zeros(vocab_size, dtype=torch.bool, device=device)  # [V]
+        self.banned[banned_ids] = True
+        self.any_banned = bool(banned_ids)
+        self.eos_token_id = eos_token_id
+        self.pad_token_id = pad_token_id
+
+    def sampling_scores(self, scaled: torch.Tensor) -> torch.Tensor:
+        """``[N, V]`` scores of the sampling distribution q (``-inf`` outside it), from
+        the ``[N, V]`` float32 logits divided by the temperature."""
+        scores = scaled.masked_fill(self.banned, float("-inf")) if self.any_banned else scaled
+        if self.top_p >= 1.0:
+            return scores
+        ordered = _sorted_values(scores)  # [N, V] ascending
+        removable = ordered.softmax(dim=-1).cumsum(dim=-1) <= (1 - self.top_p)  # a prefix of each row
+        removed = removable.sum(dim=-1, keepdim=True).clamp_(max=scores.shape[-1] - 1)  # the most likely stays
+        threshold = ordered.gather(1, removed)  # [N, 1] the least likely kept score
+        return scores.masked_fill(scores < threshold, float("-inf"))
+
+    def __call__(self, logits: torch.Tensor, state: DecodeState) -> None:
+        """Sample one token per row from ``[N, V]`` float32 ``logits`` and record it and
+        its statistics in column ``state.column``; advance the state."""
+        scaled = logits / self.temperature if self.temperature != 1.0 else logits
+        policy = torch.log_softmax(scaled, dim=-1)  # [N, V]
+        sum_pi_squared = policy.mul(2).exp_().sum(dim=-1)  # [N]
+        sampling = torch.log_softmax(self.sampling_scores(scaled), dim=-1)  # [N, V]
+        race = sampling.exp().div_(torch.rand_like(sampling).log_())  # -q(v) / E_v
+        token = race.argmin(dim=-1).masked_fill_(state.finished, self.pad_token_id)  # [N]
+        chosen = token.unsqueeze(1)  # [N, 1]
+        column = state.column
+        state.generated.index_copy_(1, column, chosen)
+        state.logprobs.index_copy_(1, column, policy.gather(1, chosen))
+        state.sampling_logprobs.index_copy_(1, column, sampling.gather(1, chosen))
+        state.sum_pi_squared.index_copy_(1, column, sum_pi_squared.unsqueeze(1))
+        state.finished.logical_or_(token == self.eos_token_id)
+        state.tokens.copy_(token)
+        state.positions.add_(1)
+        column.add_(1)
+
+
+def _sorted_values(scores: torch.Tensor) -> torch.Tensor:
+    """``[N, V]`` each row of ``scores`` in ascending order (values only)."""
+    if scores.device.type == "cpu":
+        return torch.from_numpy(np.sort(scores.numpy(), axis=-1))
+    return torch.sort(scores, dim=-1).values
