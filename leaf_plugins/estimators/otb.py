@@ -19,9 +19,9 @@ from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.core.hookspecs import hookimpl
 from leaf_plugins.core.params import EstimatorParams
 from leaf_plugins.core.tree import Nodes
-from leaf_plugins.estimators.group_stats import group_sum
+from leaf_plugins.estimators.machinery.group_stats import group_sum
 from leaf_plugins.estimators.grpo import GRPO
-from leaf_plugins.estimators.scratch import scratch
+from leaf_plugins.estimators.machinery.scratch import scratch
 
 __all__ = ["OTB", "optimal_token_advantages", "optimal_token_baselines", "path_weights", "token_weights",
            "stable_token_weights", "real_tokens", "EPSILON", "INCONSISTENCY_TOLERANCE"]

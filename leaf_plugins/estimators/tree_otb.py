@@ -39,13 +39,13 @@ from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.core.hookspecs import hookimpl
 from leaf_plugins.core.params import EstimatorParams
 from leaf_plugins.core.tree import Nodes
-from leaf_plugins.estimators.group_stats import group_extreme, group_mean, group_sum, per_response
-from leaf_plugins.estimators.node_shrinkage import node_shrink
-from leaf_plugins.estimators.tree_baselines import path_baselines
+from leaf_plugins.estimators.machinery.group_stats import group_extreme, group_mean, group_sum, per_response
+from leaf_plugins.estimators.machinery.node_shrinkage import node_shrink
+from leaf_plugins.estimators.machinery.tree_baselines import path_baselines
 from leaf_plugins.estimators.tree_rloo import TreeRLOO, group_scale
 from leaf_plugins.estimators.otb import real_tokens, stable_token_weights
-from leaf_plugins.estimators.prefix_intervals import PathIntervals, path_intervals
-from leaf_plugins.estimators.scratch import scratch
+from leaf_plugins.estimators.machinery.prefix_intervals import PathIntervals, path_intervals
+from leaf_plugins.estimators.machinery.scratch import scratch
 
 __all__ = ["TreeOTB", "KAPPA_EDGES", "LANES", "value_ratios", "token_slots"]
 

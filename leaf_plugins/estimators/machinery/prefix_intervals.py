@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from leaf_plugins.core.batch import RolloutBatch
-from leaf_plugins.estimators.prefixes import SortedPrefixes, range_minima
+from leaf_plugins.estimators.machinery.prefixes import SortedPrefixes, range_minima
 
 __all__ = ["PathIntervals", "path_intervals", "shared_prefix_lengths"]
 

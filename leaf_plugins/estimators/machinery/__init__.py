@@ -1,0 +1,1 @@
+"""Shared machinery of the estimator plugins (moved from estimators/)."""
