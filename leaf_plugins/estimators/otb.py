@@ -89,23 +89,23 @@ def replaced_reward_advantages(batch: RolloutBatch, rewards: torch.Tensor, weigh
     ``(Σ_j W_j r_j − W_i ρ) / (Σ_j W_j − W_i)`` (``ρ`` the replaced reward; for ``ρ = r_i``
     the W-weighted mean reward of the others), 0 where the others running have no weight
     (among them a response alone): that baseline depends on neither the response's
-    tokens from ``t`` on nor its reward. ``W`` and the sums are float64 (``Σ_j W_j − W_i``
-    cancels)."""
+    tokens from ``t`` on nor its reward. ``W`` and the sums are float32 with the share (at
+    most ``T`` positive terms in ``W``, a relative error below ``T · 2⁻²⁴``, as in
+    ``optimal_token_baselines``) and float64 without (``Σ_j W_j − W_i`` cancels)."""
     real = real_tokens(batch)  # [N, T]
     layout = batch.groups
-    cumulative = weights.double().cumsum_(dim=1).mul_(real)  # [N, T] W
+    precision = torch.float32 if own_share else torch.float64
+    cumulative = weights.to(precision, copy=True).cumsum_(dim=1).mul_(real)  # [N, T] W (weights untouched)
     total = group_sum(cumulative, layout)  # [G, T] Σ_j W_j
-    weighted = group_sum(cumulative * batch.rewards.double().unsqueeze(1), layout)  # [G, T] Σ_j W_j r_j
+    weighted = group_sum(cumulative * batch.rewards.to(precision).unsqueeze(1), layout)  # [G, T] Σ_j W_j r_j
     if own_share:
-        baseline = torch.where(total > 0, weighted / total.clamp(min=1e-300), 0.0)  # [G, T]
+        baseline = torch.where(total > 0, weighted.div_(total.clamp(min=1e-30)), 0.0)  # [G, T]
         positions = torch.arange(batch.width, device=batch.device)
         baseline.masked_fill_(positions >= _second_longest(batch.lengths, layout).unsqueeze(1), 0.0)
-        baseline = per_response(baseline, layout)  # [N, T]
-    else:
-        others = per_response(total, layout).sub_(cumulative)  # [N, T] Σ_{j≠i} W_j
-        leave_out = per_response(weighted, layout).sub_(cumulative.mul_(rewards)).div_(others.clamp(min=1e-300))
-        baseline = torch.where(others > 0, leave_out, 0.0)  # [N, T]
-    return (rewards - baseline).float().mul_(real)
+        return rewards.sub(baseline.index_select(0, layout.index)).mul_(real)
+    others = per_response(total, layout).sub_(cumulative)  # [N, T] Σ_{j≠i} W_j
+    leave_out = per_response(weighted, layout).sub_(cumulative.mul_(rewards)).div_(others.clamp(min=1e-300))
+    return (rewards - torch.where(others > 0, leave_out, 0.0)).float().mul_(real)
 
 
 @torch.inference_mode()
