@@ -108,7 +108,7 @@ def assert_matches_reference(groups, estimator: str, params: dict, shuffle_seed:
 def refuse_exact_sort(monkeypatch, message: str) -> None:
     """Make the exact lexicographic sort (the fallback after a failed hash proof) raise
     ``AssertionError(message)``: the hashes alone must decide."""
-    from leaf_plugins.estimators import prefixes
+    from leaf_plugins.estimators.machinery import prefixes
 
     def refused(cls, batch):
         raise AssertionError(message)
@@ -119,7 +119,7 @@ def refuse_exact_sort(monkeypatch, message: str) -> None:
 def collide_hashes_and_count_exact_sorts(monkeypatch) -> list[int]:
     """Set every hash multiplier to 1 (a prefix then hashes to its token sum, so [1, 2]
     and [2, 1] collide) and record the batch size of every exact sort that follows."""
-    from leaf_plugins.estimators import prefixes
+    from leaf_plugins.estimators.machinery import prefixes
 
     exact_sorts: list[int] = []
     exact = prefixes.SortedPrefixes.lexicographic_exact.__func__

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import bisect
 import math
+
+import numpy
 from dataclasses import dataclass, field
 
 from reference_estimators import boundary_nodes, leaf_boundaries, mean, sample_std
@@ -127,10 +129,11 @@ def kappas(groups: list[list[Response]], g: int, ridge: float = 0.0) -> tuple[fl
     return floor, [a / b if b > 1e-12 * max(t, 1e-300) else 1.0 for a, b, t in zip(above, below, total)]
 
 
-def tree_otb(groups: list[list[Response]], fork_budget=2, min_group=2, horizon="shortest", shrink=4.0,
-             scale="batch_std", std_floor=0.0, eps=1e-6, own_share=True, prefix_mean=True,
-             ridge=0.025) -> list[list[list[float]]]:
-    """Advantages of every group of one batch (κ reads the other groups)."""
+def tree_part(groups: list[list[Response]], fork_budget=2, min_group=2, horizon="shortest", shrink=4.0,
+              scale="batch_std", std_floor=0.0, eps=1e-6, own_share=True, prefix_mean=True,
+              ridge=0.025) -> list[list[list[float]]]:
+    """The prefix tree's advantages (``tree_weight: 1``) of every group of one batch (κ
+    reads the other groups)."""
     out = []
     every_nodes = [tree_nodes(group, fork_budget, min_group, horizon) for group in groups]
     shrinks = auto_shrinks(groups, every_nodes) if shrink == "auto" else [shrink] * len(groups)
@@ -157,6 +160,133 @@ def tree_otb(groups: list[list[Response]], fork_budget=2, min_group=2, horizon="
                 elif len(group) == 1:
                     advantage = 0.0
                 row.append(advantage / c)
+            rows.append(row)
+        out.append(rows)
+    return out
+
+
+def divisor(groups: list[list[Response]], g: int, scale: str, std_floor: float, eps: float) -> float:
+    return batch_scale(groups, std_floor, eps) if scale == "batch_std" else group_scale(groups[g], scale, std_floor, eps)
+
+
+def sharing(group: list[Response], i: int, t: int) -> list[int]:
+    """The responses whose tokens 0 … t are response ``i``'s (itself included)."""
+    return [j for j, other in enumerate(group) if other.tokens[: t + 1] == group[i].tokens[: t + 1]]
+
+
+def stable_weight(r: Response, t: int) -> float:
+    """The token weight ``1 − 2π + Σπ²`` as the package computes it for OTB's part of
+    ``tree_otb``: ``2(1 − π) − (1 − Σπ²)`` in float32 (``1 − π = −expm1(log π)``), at
+    least 0. Exact arithmetic on the float32 inputs differs by up to a few percent on
+    near-deterministic tokens (``Σπ²`` near 1 is known to ±2⁻²⁵), and OTB's baseline is a
+    ratio of such weights where every other response is near-deterministic."""
+    unlikely = numpy.float32(-numpy.expm1(numpy.float32(r.logprobs[t])))
+    spread = numpy.float32(1) - numpy.float32(r.sum_pi_squared[t])
+    return max(0.0, float(numpy.float32(numpy.float32(2) * unlikely) - spread))
+
+
+def otb_part(groups: list[list[Response]], scale="batch_std", std_floor=0.0, eps=1e-6, own_share=True,
+             prefix_mean=True) -> list[list[list[float]]]:
+    """OTB's advantage with each token's reward replaced by its prefix class's mean reward
+    (``prefix_mean``), divided by the scale; 0 for a response alone in its group. With
+    ``own_share`` verl's baseline (own return included, 0 where fewer than two run; no
+    ``ε``);
+    without, the W-weighted mean of the others' returns, the replaced reward standing
+    for the response's own in the sums (0 where the others running have no weight)."""
+    out = []
+    for g, group in enumerate(groups):
+        c = divisor(groups, g, scale, std_floor, eps)
+        cumulative = [[sum(stable_weight(r, u) for u in range(t + 1)) for t in range(len(r.tokens))] for r in group]
+        rows = []
+        for i, r in enumerate(group):
+            row = []
+            for t in range(len(r.tokens)):
+                reward = mean([group[j].reward for j in (sharing(group, i, t) if prefix_mean else [i])])
+                running = [j for j in range(len(group)) if t < len(group[j].tokens)]
+                total = sum(cumulative[j][t] for j in running)
+                weighted = sum(cumulative[j][t] * group[j].reward for j in running)
+                if own_share:
+                    baseline = weighted / total if len(running) >= 2 and total > 0 else 0.0
+                else:
+                    others = total - cumulative[i][t]
+                    baseline = (weighted - cumulative[i][t] * reward) / others if others > 0 else 0.0
+                row.append(0.0 if len(group) == 1 else (reward - baseline) / c)
+            rows.append(row)
+        out.append(rows)
+    return out
+
+
+def score_products(group: list[Response], j: int, t: int, values: list[list[float]]) -> float:
+    """``Σ_l values[l][t] ⟨∇log π(a_j), ∇log π(a_l)⟩`` over the responses ``l`` in token
+    ``t``'s state (tokens 0 … t−1 as ``j``'s, still running), the inner product of two
+    softmax scores in one state being ``[a_j = a_l] − π_j − π_l + Σπ²``: for one action the
+    token weight, as the package computes it (``stable_weight``)."""
+    total = 0.0
+    for l, other in enumerate(group):
+        if len(other.tokens) > t and other.tokens[:t] == group[j].tokens[:t]:
+            if other.tokens[t] == group[j].tokens[t]:
+                inner = stable_weight(group[j], t)
+            else:
+                inner = group[j].sum_pi_squared[t] - math.exp(group[j].logprobs[t]) - math.exp(other.logprobs[t])
+            total += values[l][t] * inner
+    return total
+
+
+def tree_weights(groups: list[list[Response]], base, move, confidence=1.0, min_groups=3) -> list[list[float]]:
+    """``tree_weight: auto``: per group and kind of state (bin of ``1 − Σπ²``), the weight
+    learnt from the other groups (docs/estimators.md), one token at a time."""
+    kinds = len(KAPPA_EDGES) + 1
+    stats = []
+    for g, group in enumerate(groups):
+        cross, square, size = [0.0] * kinds, [0.0] * kinds, 0.0
+        for j, r in enumerate(group):
+            for t in range(len(r.tokens)):
+                k = bisect.bisect_left(KAPPA_EDGES, 1 - r.sum_pi_squared[t])
+                kernel_base = score_products(group, j, t, base[g])
+                cross[k] += move[g][j][t] * kernel_base
+                square[k] += move[g][j][t] * score_products(group, j, t, move[g])
+                size += base[g][j][t] * kernel_base
+        rewards = [r.reward for r in group]
+        scale = 1 / size if max(rewards) > min(rewards) and size > 0 else 0.0
+        stats.append(([x * scale for x in cross], [x * scale for x in square]))
+    out = []
+    for g in range(len(groups)):
+        row = []
+        for k in range(kinds):
+            others = [stats[h] for h in range(len(groups)) if h != g]
+            below = sum(s[1][k] for s in others)
+            carrying = sum(1 for s in others if s[1][k] > 1e-9)
+            if below <= 1e-12 or carrying < min_groups:
+                row.append(0.0)
+                continue
+            fitted = -sum(s[0][k] for s in others) / below
+            error = math.sqrt(sum((s[0][k] + fitted * s[1][k]) ** 2 for s in others)) / below
+            row.append(min(1.0, max(0.0, fitted - confidence * error)))
+        out.append(row)
+    return out
+
+
+def tree_otb(groups: list[list[Response]], fork_budget=2, min_group=2, horizon="shortest", shrink=4.0,
+             scale="batch_std", std_floor=0.0, eps=1e-6, own_share=True, prefix_mean=True,
+             ridge=0.025, tree_weight="auto") -> list[list[list[float]]]:
+    """Advantages of every group of one batch: OTB's advantage plus ``λ`` times the step
+    to the prefix tree's, ``λ`` fixed or learnt per group and kind from the others."""
+    tree = tree_part(groups, fork_budget, min_group, horizon, shrink, scale, std_floor, eps, own_share, prefix_mean,
+                     ridge)
+    if tree_weight == 1:
+        return tree
+    base = otb_part(groups, scale, std_floor, eps, own_share, prefix_mean)
+    move = [[[a - b for a, b in zip(t_row, o_row)] for t_row, o_row in zip(tg, og)] for tg, og in zip(tree, base)]
+    weights = tree_weights(groups, base, move) if tree_weight == "auto" else None
+    out = []
+    for g, group in enumerate(groups):
+        rows = []
+        for j, r in enumerate(group):
+            row = []
+            for t in range(len(r.tokens)):
+                k = bisect.bisect_left(KAPPA_EDGES, 1 - r.sum_pi_squared[t])
+                lam = weights[g][k] if weights is not None else tree_weight
+                row.append(base[g][j][t] + lam * move[g][j][t])
             rows.append(row)
         out.append(rows)
     return out

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import leaf_plugins as lp
-from leaf_plugins.estimators import painting
+from leaf_plugins.estimators.machinery import painting
 
 
 def painted_in_python(values: list[list[float]], sizes: list[list[int]]) -> list[list[float]]:

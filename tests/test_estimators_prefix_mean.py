@@ -17,11 +17,12 @@ from hypothesis import strategies as st
 
 import leaf_plugins as lp
 from leaf_plugins.core.errors import ConfigError
-from leaf_plugins.estimators.prefix_intervals import shared_prefix_lengths
+from leaf_plugins.estimators.machinery.prefix_intervals import shared_prefix_lengths
 
 
 def test_prefix_means_by_hand():
-    """One group, no node (B = 0), one kind of state, no own share: κ = 1 and f = 0, so
+    """The tree's advantage (``tree_weight: 1``). One group, no node (B = 0), one kind of
+    state, no own share: κ = 1 and f = 0, so
     the unaveraged advantage is r_i − (leave-one-out mean). Rewards 1, 0, 0.5: those are
     0.75, −0.75, 0. Token 0: all three share [1]: mean 0. Token 1: responses 0 and 1
     share [1, 2]: mean 0; response 2 ([1, 5]) is alone: 0. Token 2: each alone."""
@@ -29,9 +30,10 @@ def test_prefix_means_by_hand():
                                        surprisal=[[1, 1, 1], [1, 1, 1], [1, 1]],
                                        logprobs=[[math.log(0.5)] * 3] * 2 + [[math.log(0.5)] * 2],
                                        sum_pi_squared=[[0.5] * 3] * 2 + [[0.5] * 2])
-    plain = lp.estimate(batch, "tree_otb", fork_budget=0, own_share=False, prefix_mean=False, scale="none").advantages
+    tree = {"fork_budget": 0, "own_share": False, "scale": "none", "tree_weight": 1.0}
+    plain = lp.estimate(batch, "tree_otb", prefix_mean=False, **tree).advantages
     assert plain[:, 0].tolist() == pytest.approx([0.75, -0.75, 0.0], abs=1e-6)
-    got = lp.estimate(batch, "tree_otb", fork_budget=0, own_share=False, scale="none").advantages
+    got = lp.estimate(batch, "tree_otb", **tree).advantages
     assert got[0, :3].tolist() == pytest.approx([0.0, 0.0, 0.75], abs=1e-6)
     assert got[1, :3].tolist() == pytest.approx([0.0, 0.0, -0.75], abs=1e-6)
     assert got[2, :2].tolist() == pytest.approx([0.0, 0.0], abs=1e-6)
@@ -39,7 +41,8 @@ def test_prefix_means_by_hand():
 
 
 def test_ridge_by_hand():
-    """Group 1 (the other group of group 0): two one-token responses in one bin of
+    """The tree's advantage (``tree_weight: 1``). Group 1 (the other group of group 0):
+    two one-token responses in one bin of
     1 − Σπ² (0.5), π = 0.5 (w = 0.5, reward 1) and π = 0.2 (w = 1.1, reward 0). For group
     0, f = 0 and κ = Σ(w + ρ)(r − f) / Σ(w + ρ)(r̄ − f) = (0.5 + ρ) / (0.8 + ρ): 0.625 at
     ridge ρ = 0, 0.8333 at ρ = 1. Group 0's response 0 (reward 1) has the other's reward
@@ -49,7 +52,8 @@ def test_ridge_by_hand():
                                        logprobs=[[math.log(0.5)], [math.log(0.5)], [math.log(0.5)], [math.log(0.2)]],
                                        sum_pi_squared=[[0.5]] * 4)
     for ridge, kappa in ((0.0, 0.625), (1.0, 1.5 / 1.8)):
-        got = lp.estimate(batch, "tree_otb", fork_budget=0, own_share=False, ridge=ridge, scale="none").advantages
+        got = lp.estimate(batch, "tree_otb", fork_budget=0, own_share=False, ridge=ridge, scale="none",
+                          tree_weight=1.0).advantages
         assert got[0, 0].item() == pytest.approx(1 - 3 * kappa, abs=1e-6)
 
 

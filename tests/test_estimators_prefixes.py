@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from estimator_cases import collide_hashes_and_count_exact_sorts, refuse_exact_sort
-from leaf_plugins.estimators.prefixes import first_difference
+from leaf_plugins.estimators.machinery.prefixes import first_difference
 
 
 def first_difference_by_hand(upper: list[list[int]], lower: list[list[int]]) -> list[int]:
@@ -64,7 +64,7 @@ def test_hash_lcp_search_finds_the_longest_common_prefix(width):
     """The binary search over running hashes returns each pair's LCP (rows that share a
     random prefix, identical rows, rows that differ at once), at widths around powers of
     two, where the search takes one round more or less."""
-    from leaf_plugins.estimators.prefixes import _hash_lcp, running_hashes
+    from leaf_plugins.estimators.machinery.prefixes import _hash_lcp, running_hashes
 
     generator = torch.Generator().manual_seed(width)
     rows = 12
@@ -83,7 +83,7 @@ def test_hash_lcp_search_finds_the_longest_common_prefix(width):
 def _classes_at(tokens: list[list[int]], position: int):
     """Prefix classes of one group at one boundary."""
     import leaf_plugins as lp
-    from leaf_plugins.estimators.prefix_classes import PrefixClasses
+    from leaf_plugins.estimators.machinery.prefix_classes import PrefixClasses
 
     batch = lp.RolloutBatch.from_lists(tokens, [0.0] * len(tokens), [0] * len(tokens))
     return PrefixClasses.at_boundaries(batch, torch.tensor([[position]]))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import leaf_plugins as lp
-from leaf_plugins.estimators.scratch import release_scratch, scratch
+from leaf_plugins.estimators.machinery.scratch import release_scratch, scratch
 from estimator_cases import random_groups, to_batch
 
 TREE_ESTIMATORS = ["leaf", "collision", "full_tree"]

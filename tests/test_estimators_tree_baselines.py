@@ -17,22 +17,32 @@ from leaf_plugins.bench.credit.environment import Environment, Regime
 from leaf_plugins.bench.credit.measures import gradient_bias
 from leaf_plugins.bench.credit.sampling import sample_groups
 from leaf_plugins.core.errors import ConfigError
+from leaf_plugins.estimators.machinery.mixing_weights import cross_fitted_weights, kernel_statistics
+from leaf_plugins.estimators.machinery.prefix_intervals import shared_prefix_lengths
+from leaf_plugins.estimators.machinery.prefixes import SortedPrefixes
+from leaf_plugins.estimators.machinery.state_sums import state_runs
 from reference_estimators import boundary_nodes, collision_boundaries, trie_nodes
 
 
 def policy_groups(seed: int, **kwargs) -> list[list[reference.Response]]:
     """Random groups with shared prefixes (as the other estimator tests) and, per token,
     a log-probability and a Σπ² that some distribution has (π² <= Σπ² <= π² + (1-π)²),
-    with near-deterministic and uncertain tokens mixed; all rounded to float32."""
+    with near-deterministic and uncertain tokens mixed; all rounded to float32. As a
+    policy's, they are a function of the prefix through the token: responses that share
+    it share them."""
     rng = random.Random(seed)
     groups = []
     for group in random_groups(seed, **kwargs):
+        drawn: dict[tuple[int, ...], tuple[float, float]] = {}
         rows = []
         for response in group:
-            pis = [rng.choice([1.0, 0.999, 0.97, 0.6, rng.random() * 0.9 + 0.05]) for _ in response.tokens]
-            spread = [pi * pi + (1 - pi) ** 2 * rng.random() for pi in pis]
+            for t in range(len(response.tokens)):
+                if tuple(response.tokens[: t + 1]) not in drawn:
+                    pi = rng.choice([1.0, 0.999, 0.97, 0.6, rng.random() * 0.9 + 0.05])
+                    drawn[tuple(response.tokens[: t + 1])] = (pi, pi * pi + (1 - pi) ** 2 * rng.random())
+            pis, spread = zip(*(drawn[tuple(response.tokens[: t + 1])] for t in range(len(response.tokens))))
             rows.append(reference.Response(response.tokens, _float32(response.reward), response.surprisal,
-                                           _float32([math.log(pi) for pi in pis]), _float32(spread)))
+                                           _float32([math.log(pi) for pi in pis]), _float32(list(spread))))
         groups.append(rows)
     return groups
 
@@ -75,6 +85,8 @@ TREE_OTB_GRID = [
     {"shrink": "auto"}, {"shrink": "auto", "fork_budget": 4, "horizon": "each", "own_share": False},
     {"prefix_mean": False, "ridge": 0.0}, {"prefix_mean": False, "own_share": False, "ridge": 0.3},
     {"ridge": 1.0, "scale": "group_std"}, {"fork_budget": 0, "ridge": 0.0}, {"scale": "none", "own_share": False},
+    {"tree_weight": 1.0}, {"tree_weight": 0.0}, {"tree_weight": 0.4, "own_share": False, "prefix_mean": False},
+    {"tree_weight": 1, "own_share": False, "shrink": "auto"},
 ]
 
 
@@ -137,7 +149,7 @@ def test_any_boundary_stage_gives_the_reference_on_its_nodes(stages):
         override = {"select_boundaries": "collision"} if stages == "collision" else {"retain_nodes": "full_tree"}
         for name in ("tree_rloo", "tree_otb"):
             got = lp.estimate(batch, name, stages=override, own_share=False, scale="none", prefix_mean=False,
-                              ridge=0.0).advantages \
+                              ridge=0.0, tree_weight=1.0).advantages \
                 if name == "tree_otb" else lp.estimate(batch, name, stages=override, scale="none").advantages
             expected = []
             for g, group in enumerate(groups):
@@ -188,7 +200,7 @@ def test_tree_otb_by_hand_ratio_and_floor():
         batch = lp.RolloutBatch.from_lists([[1, 2], [3, 4], [1, 2], [3, 4]], rewards, [0, 0, 1, 1],
                                            surprisal=[[1, 1]] * 4, logprobs=[[math.log(0.5)] * 2] * 4,
                                            sum_pi_squared=[[0.5, 0.5]] * 4)
-        return lp.estimate(batch, "tree_otb", own_share=False, fork_budget=0, scale="none").advantages
+        return lp.estimate(batch, "tree_otb", own_share=False, fork_budget=0, scale="none", tree_weight=1.0).advantages
 
     got = run([1.0, 3.0, 2.0, 4.0])
     assert got[0].tolist() == pytest.approx([1 - 3, 1 - 3], abs=1e-6)  # κ = 1: b = the other's reward
@@ -197,7 +209,7 @@ def test_tree_otb_by_hand_ratio_and_floor():
     batch = lp.RolloutBatch.from_lists([[1], [2], [1], [2]], [0.0, 1.0, 0.0, 1.0], [0, 0, 1, 1], surprisal=[[1]] * 4,
                                        logprobs=[[0.0], [0.0], [math.log(0.5)], [math.log(0.5)]],
                                        sum_pi_squared=[[1.0], [1.0], [0.5], [0.5]])
-    got = lp.estimate(batch, "tree_otb", own_share=False, fork_budget=0, scale="none").advantages
+    got = lp.estimate(batch, "tree_otb", own_share=False, fork_budget=0, scale="none", tree_weight=1.0).advantages
     assert got[:, 0].tolist() == pytest.approx([-1.0, 1.0, -1.0, 1.0], abs=1e-6)
 
 
@@ -211,7 +223,7 @@ def test_tree_otb_ratio_below_one_moves_the_baseline_toward_the_floor():
         logprobs=[[math.log(0.99)], [math.log(0.99)], rare, [0.0]],
         sum_pi_squared=[[0.9802], [0.9802], [0.9802], [1.0]],
     )
-    got = lp.estimate(batch, "tree_otb", own_share=False, fork_budget=0, scale="none").advantages
+    got = lp.estimate(batch, "tree_otb", own_share=False, fork_budget=0, scale="none", tree_weight=1.0).advantages
     assert got[0, 0].item() == pytest.approx(1.0, abs=1e-6)
     assert got[1, 0].item() == pytest.approx(0.6, abs=1e-6)
 
@@ -239,9 +251,10 @@ def test_tree_otb_all_equal_group_under_group_std_gets_zero_not_a_blowup():
         logprobs=[[math.log(0.1)], [0.0], [math.log(0.99)], [math.log(0.99)]],
         sum_pi_squared=[[0.9802], [1.0], [0.9802], [0.9802]],
     )
-    unscaled = lp.estimate(batch, "tree_otb", own_share=False, fork_budget=0, scale="none").advantages
+    unscaled = lp.estimate(batch, "tree_otb", own_share=False, fork_budget=0, scale="none", tree_weight=1.0).advantages
     assert unscaled[2:, 0].tolist() == pytest.approx([0.3, 0.3], abs=1e-6)
-    scaled = lp.estimate(batch, "tree_otb", own_share=False, fork_budget=0, scale="group_std").advantages
+    scaled = lp.estimate(batch, "tree_otb", own_share=False, fork_budget=0, scale="group_std",
+                         tree_weight=1.0).advantages
     assert scaled[2:].abs().max().item() == 0.0
     assert scaled[0, 0].item() == pytest.approx(unscaled[0, 0].item() / (0.7 / math.sqrt(2) + 1e-6), rel=1e-5)
 
@@ -289,16 +302,45 @@ def test_batch_std_is_scale_none_over_one_divisor_for_the_whole_batch(seed):
 @settings(max_examples=15, deadline=None)
 @given(seed=group_seeds)
 def test_permutation_shift_and_scale(seed):
+    """Permuting responses permutes the advantages and scaling the rewards scales them.
+    Shifting them leaves the tree's advantages unchanged; OTB's part (in tree_otb's
+    mixture) has, as verl's, no baseline where fewer than two responses run or none
+    has weight, so there the shift stays in its advantage: it is checked on the tree
+    alone and, for the mixture, on groups of policies with no such place."""
     groups = policy_groups(seed)
     batch, _ = batch_of(groups)
     order = torch.randperm(batch.size, generator=torch.Generator().manual_seed(seed))
-    for name in ("tree_rloo", "tree_otb"):
-        base = lp.estimate(batch, name, scale="none").advantages
-        assert torch.allclose(lp.estimate(batch.select(order), name, scale="none").advantages, base[order], atol=1e-5)
-        shifted = lp.estimate(batch.with_rewards(batch.rewards + 3.0), name, scale="none").advantages
-        assert torch.allclose(shifted, base, atol=5e-5)
-        scaled = lp.estimate(batch.with_rewards(batch.rewards * 2.5), name, scale="none").advantages
+    for name, params in (("tree_rloo", {}), ("tree_otb", {}), ("tree_otb", {"tree_weight": 1.0})):
+        base = lp.estimate(batch, name, scale="none", **params).advantages
+        permuted = lp.estimate(batch.select(order), name, scale="none", **params).advantages
+        assert torch.allclose(permuted, base[order], atol=1e-5)
+        scaled = lp.estimate(batch.with_rewards(batch.rewards * 2.5), name, scale="none", **params).advantages
         assert torch.allclose(scaled, 2.5 * base, atol=5e-5)
+        if params or name == "tree_rloo":
+            shifted = lp.estimate(batch.with_rewards(batch.rewards + 3.0), name, scale="none", **params).advantages
+            assert torch.allclose(shifted, base, atol=5e-5)
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=group_seeds)
+def test_the_mixture_is_shift_invariant_where_otb_has_a_baseline(seed):
+    """Equal lengths and no deterministic token (every W > 0, two or more running
+    everywhere): shifting all rewards leaves tree_otb's advantages as they were."""
+    rng = random.Random(seed)
+    groups = []
+    for group in policy_groups(seed, max_groups=6):
+        length = max(len(r.tokens) for r in group)
+        rows = []
+        for r in group:
+            tokens = (r.tokens + [rng.randrange(3) for _ in range(length)])[:length]
+            pis = [rng.uniform(0.05, 0.9) for _ in tokens]
+            rows.append(reference.Response(tokens, r.reward, [1.0] * length, _float32([math.log(p) for p in pis]),
+                                           _float32([p * p + (1 - p) ** 2 / 2 for p in pis])))
+        groups.append(rows if len(rows) > 1 else rows * 2)
+    batch, _ = batch_of(groups)
+    base = lp.estimate(batch, "tree_otb", scale="none").advantages
+    shifted = lp.estimate(batch.with_rewards(batch.rewards + 3.0), "tree_otb", scale="none").advantages
+    assert torch.allclose(shifted, base, atol=5e-5)
 
 
 @settings(max_examples=10, deadline=None)
@@ -343,16 +385,123 @@ BIAS_TASK = Regime(name="small", horizon=8, vocab=3, decisions=(2, 5), group_siz
                    reference_length=6, reward="graded", variants=2)
 
 
+def in_batches(batch: lp.RolloutBatch, name: str, params: dict, groups: int, size: int) -> torch.Tensor:
+    """The estimator's advantages on batches of ``groups`` consecutive groups of ``size``
+    responses (as a training step sees them: tree_otb's weights learnt per batch)."""
+    step = groups * size
+    return torch.cat([lp.estimate(batch.select(torch.arange(start, min(start + step, batch.size))), name, **params)
+                      .advantages for start in range(0, batch.size, step)])
+
+
 def test_unbiased_baselines_average_to_the_exact_gradient_and_leaf_does_not():
     """Statistical bias test on the exact task: over 6,000 groups the mean gradient of
-    tree_rloo (no scale) and of tree_otb without its own share projects on ∇J with
-    coefficient 1 within its 95% CI and has no direction bias beyond noise (excess near
-    1); LEAF's span credit has a direction bias (the documented fact)."""
+    tree_rloo (no scale) and of tree_otb without its own share (its learnt tree weight,
+    per batch of 8 groups, and the tree alone) projects on ∇J with coefficient 1 within
+    its 95% CI and has no direction bias beyond noise (excess near 1); LEAF's span credit
+    has a direction bias (the documented fact)."""
     env = Environment.build(BIAS_TASK, 3)
     groups = sample_groups(env, 6000, torch.Generator().manual_seed(0))
-    for name, params in (("tree_rloo", {"scale": "none"}), ("tree_otb", {"own_share": False, "scale": "none"})):
-        bias = gradient_bias(env, groups, lp.estimate(groups.batch, name, **params).advantages, blocks=40)
-        assert abs(bias.projection.mean - 1) < bias.projection.half_width * 1.5, (name, bias)
-        assert bias.excess < 2.0, (name, bias)
+    for name, params in (("tree_rloo", {"scale": "none"}), ("tree_otb", {"own_share": False, "scale": "none"}),
+                         ("tree_otb", {"own_share": False, "scale": "none", "tree_weight": 1.0})):
+        advantages = in_batches(groups.batch, name, params, 8, BIAS_TASK.group_size)
+        bias = gradient_bias(env, groups, advantages, blocks=40)
+        assert abs(bias.projection.mean - 1) < bias.projection.half_width * 1.5, (name, params, bias)
+        assert bias.excess < 2.0, (name, params, bias)
     leaf = gradient_bias(env, groups, lp.estimate(groups.batch, "leaf").advantages, blocks=40)
     assert leaf.excess > 3.0, leaf
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=group_seeds)
+def test_learnt_tree_weights_match_the_reference(seed):
+    """Batches of up to 8 groups, so that three or more other groups carry a kind of
+    state and the weights are learnt (strictly between 0 and 1 in about half of them)."""
+    groups = policy_groups(seed, max_groups=8)
+    batch, where = batch_of(groups, shuffle_seed=seed)
+    for params in ({}, {"own_share": False, "prefix_mean": False}, {"scale": "none", "shrink": "auto"}):
+        expected = reference.tree_otb(groups, **params)
+        assert_rows(lp.estimate(batch, "tree_otb", **params).advantages, where, expected, f"tree_otb {params}")
+
+
+def test_learnt_weights_are_exercised():
+    """The reference comparison above is not vacuous: across its kind of batches, learnt
+    weights strictly between 0 and 1 occur."""
+    inside = 0
+    for seed in range(12):
+        groups = policy_groups(seed, max_groups=8)
+        tree, base = reference.tree_part(groups), reference.otb_part(groups)
+        move = [[[a - b for a, b in zip(t, o)] for t, o in zip(tg, og)] for tg, og in zip(tree, base)]
+        inside += any(0 < w < 1 for row in reference.tree_weights(groups, base, move) for w in row)
+    assert inside >= 3
+
+
+def test_tree_weight_mixes_the_two_advantages():
+    """``tree_weight`` λ gives OTB's advantage plus λ times the step to the tree's: 0 is
+    OTB's (with the class-mean reward, divided by the same scale), 1 the tree's, and 0.25
+    a quarter of the way; with one group, ``auto`` has no other group to learn from and
+    gives OTB's."""
+    groups = policy_groups(7)
+    batch, _ = batch_of(groups)
+    tree = lp.estimate(batch, "tree_otb", tree_weight=1.0).advantages
+    otb = lp.estimate(batch, "tree_otb", tree_weight=0.0).advantages
+    quarter = lp.estimate(batch, "tree_otb", tree_weight=0.25).advantages
+    assert torch.allclose(quarter, otb + 0.25 * (tree - otb), atol=1e-6)
+    single, _ = batch_of(groups[:1])
+    assert torch.equal(lp.estimate(single, "tree_otb").advantages, lp.estimate(single, "tree_otb", tree_weight=0.0)
+                       .advantages)
+
+
+def test_tree_weight_zero_is_otb_over_the_batch_scale():
+    """Without prefix means and at ``scale: none``, weight 0 is verl's OTB itself (its
+    path weights in float32 without cancellation: equal to 1e-5 here, where no token is
+    near-deterministic), and a group of one gets 0 where OTB leaves it its reward."""
+    rng = random.Random(3)
+    tokens = [[rng.randrange(3) for _ in range(rng.randint(1, 6))] for _ in range(9)]
+    pis = [[rng.uniform(0.2, 0.9) for _ in row] for row in tokens]
+    batch = lp.RolloutBatch.from_lists(tokens, [rng.random() for _ in tokens], [0, 0, 0, 0, 1, 1, 1, 1, 2],
+                                       surprisal=[[1.0] * len(row) for row in tokens], logprobs=[[math.log(p) for p in row] for row in pis],
+                                       sum_pi_squared=[[p * p + (1 - p) ** 2 / 2 for p in row] for row in pis])
+    got = lp.estimate(batch, "tree_otb", tree_weight=0.0, prefix_mean=False, scale="none").advantages
+    otb = lp.estimate(batch, "otb").advantages
+    assert torch.allclose(got[:8], otb[:8], atol=1e-5)
+    assert bool((got[8] == 0).all()) and bool((otb[8, :1] != 0).all())
+
+
+def test_kernel_statistics_by_hand():
+    """One group, three one-token responses in one state: tokens a, a, b with π_a = .5,
+    π_b = .3 and Σπ² = .38, so the scores' inner products are K_aa = 1 − 2(.5) + .38 = .38,
+    K_bb = .78, K_ab = −.5 − .3 + .38 = −.42. With e = (1, 2, 3) and d = (1, 0, −1):
+    K e = (−.12, −.12, 1.08), K d = (.8, .8, −1.2), so Σ d K e = −1.2, Σ d K d = 2 and
+    Σ e K e = 2.88 (= |3 s_a + 3 s_b|² = 9 K_aa + 18 K_ab + 9 K_bb). A second token after
+    the two a's (c and d, one state of its own, π = .5 each, Σπ² = .5): K_cc = .5,
+    K_cd = −.5; e = (1, 1), d = (2, 0) add Σ d K e = 2 (.5 − .5) = 0, Σ d K d = 2 (2 · .5) = 2,
+    Σ e K e = (.5 − .5) · 2 = 0. The kind of both states is the last bin (1 − Σπ² > .3)."""
+    batch = lp.RolloutBatch.from_lists([[0, 2], [0, 3], [1]], [0.0, 0.0, 0.0], [0, 0, 0],
+                                       logprobs=[[math.log(0.5)] * 2, [math.log(0.5)] * 2, [math.log(0.3)]],
+                                       sum_pi_squared=[[0.38, 0.5], [0.38, 0.5], [0.38]])
+    prefixes = SortedPrefixes.lexicographic(batch)
+    runs = state_runs(batch, prefixes, shared_prefix_lengths(batch, prefixes)[0])
+    base = torch.tensor([[1.0, 1.0], [2.0, 1.0], [3.0, 0.0]])
+    move = torch.tensor([[1.0, 2.0], [0.0, 0.0], [-1.0, 0.0]])
+    u = -torch.expm1(batch.logprobs) * batch.mask  # 1 − π, as tree_otb computes it
+    v = (1 - batch.sum_pi_squared) * batch.mask
+    statistics = kernel_statistics(runs, base, move, u, v, torch.full((3, 2), 7), 8)
+    # float32 products and sums of about ten terms of size <= 10: a few ulps of 10
+    assert statistics[0, 7].tolist() == pytest.approx([-1.2, 4.0, 2.88], abs=1e-5)
+    assert bool((statistics[0, :7] == 0).all())
+
+
+def test_cross_fitted_weights_by_hand():
+    """Four groups, one kind, statistics (Σ d K e, Σ d K d, Σ e K e) = (−2, 4, 2),
+    (−1, 1, 1), (−3, 6, 3), (0, 2, 4): divided by the last, (N, D) = (−1, 2), (−1, 1),
+    (−1, 2), (0, .5). Group 3 learns from groups 0–2: λ = 3 / 5 = .6, residuals
+    N + .6 D = .2, −.4, .2, standard error √.24 / 5 = .09798: λ = .50202. Group 0 from
+    groups 1–3: λ = 2 / 3.5 = .57143, residuals −.42857, .14286, .28571, error
+    √.28571 / 3.5 = .15272: λ = .41871. With group 1 unusable (all rewards equal), group 0
+    has two groups left (fewer than three): 0."""
+    statistics = torch.tensor([[[-2.0, 4.0, 2.0]], [[-1.0, 1.0, 1.0]], [[-3.0, 6.0, 3.0]], [[0.0, 2.0, 4.0]]],
+                              dtype=torch.float64)
+    weights = cross_fitted_weights(statistics, torch.ones(4, dtype=torch.bool))
+    assert weights[3, 0].item() == pytest.approx(0.6 - 0.24 ** 0.5 / 5, abs=1e-9)
+    assert weights[0, 0].item() == pytest.approx(2 / 3.5 - (0.18367347 + 0.02040816 + 0.08163265) ** 0.5 / 3.5, abs=1e-7)
+    assert cross_fitted_weights(statistics, torch.tensor([True, False, True, True]))[0, 0].item() == 0.0

@@ -18,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from leaf_plugins.core.batch import RolloutBatch
-from leaf_plugins.estimators.prefixes import SortedPrefixes
+from leaf_plugins.estimators.machinery.prefixes import SortedPrefixes
 
 __all__ = [
     "ForkEvents",

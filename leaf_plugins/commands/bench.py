@@ -41,6 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     credit.add_argument("--learning-seeds", type=int, metavar="N",
                         help="learning curves per regime, estimator and protocol (default 10)")
     credit.add_argument("--regimes", nargs="+", metavar="NAME", help="run only these regimes")
+    credit.add_argument("--held-out", action="store_true",
+                        help="run the held-out regimes (settings tree_otb's rule was not chosen on) instead")
     credit.add_argument("--learning-rate", type=float, metavar="LR",
                         help="the normalised protocol's shared learning rate (default 0.25)")
     credit.add_argument("--direction-step", type=float, metavar="LENGTH",
@@ -120,7 +122,9 @@ def run_credit(args: argparse.Namespace) -> int:
 
     from leaf_plugins.bench.credit.learning import PROTOCOLS
     from leaf_plugins.bench.credit.plots import plot_cosines, plot_learning
-    from leaf_plugins.bench.credit.sweep import Settings, markdown_table, regimes, run_sweep, write_csv
+    from leaf_plugins.bench.credit.sweep import (
+        Settings, held_out_regimes, markdown_table, regimes, run_sweep, write_csv,
+    )
     from leaf_plugins.core.errors import suggest
 
     settings = Settings.quick() if args.quick else Settings()
@@ -136,11 +140,11 @@ def run_credit(args: argparse.Namespace) -> int:
             if not value > 0 or value == float("inf"):
                 raise ConfigError(f"--{name.replace('_', '-')} must be a positive finite number, got {value}")
             settings = replace(settings, **{name: value})
-    known = {regime.name: regime for regime in regimes()}
+    known = {regime.name: regime for regime in regimes() + held_out_regimes()}
     for name in args.regimes or []:
         if name not in known:
             raise ConfigError(f"unknown regime {name!r}.{suggest(name, known)} Regimes: {', '.join(known)}")
-    chosen = [known[name] for name in args.regimes] if args.regimes else None
+    chosen = [known[name] for name in args.regimes] if args.regimes else held_out_regimes() if args.held_out else None
     rows = run_sweep(settings, chosen)
     args.out.mkdir(parents=True, exist_ok=True)
     table = markdown_table(rows)

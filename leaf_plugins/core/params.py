@@ -35,7 +35,10 @@ class EstimatorParams:
     ``prefix_mean`` gives each token of ``tree_otb`` the mean advantage of the responses
     that share its prefix through it (the same batch gradient, less noise per token);
     ``ridge`` is the weight every token adds to its score weight in ``tree_otb``'s κ
-    (0: the variance-optimal baseline; larger: closer to the state value).
+    (0: the variance-optimal baseline; larger: closer to the state value);
+    ``tree_weight`` is how much of ``tree_otb``'s prefix-tree advantage a token keeps over
+    OTB's (``"auto"``: learnt per kind of state from the other groups of the batch; a
+    number in ``[0, 1]``: fixed, 1 the tree alone, 0 OTB's baseline alone).
     """
 
     fork_budget: int = 2
@@ -50,6 +53,7 @@ class EstimatorParams:
     own_share: bool = True
     prefix_mean: bool = False
     ridge: float = 0.0
+    tree_weight: float | str = 1.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -72,6 +76,8 @@ class EstimatorParams:
                 problems.append(f"{name} must be true or false, got {getattr(self, name)!r}")
         if not _finite_non_negative(self.ridge):
             problems.append(f"ridge must be a finite number >= 0, got {self.ridge!r}")
+        if self.tree_weight != "auto" and not (_finite_non_negative(self.tree_weight) and self.tree_weight <= 1):
+            problems.append(f"tree_weight must be 'auto' or a number in [0, 1], got {self.tree_weight!r}")
         if problems:
             raise ConfigError("; ".join(problems))
 

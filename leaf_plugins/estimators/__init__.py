@@ -1,8 +1,13 @@
-"""The built-in estimators: ``grpo``, ``leaf``, ``collision`` and ``full_tree``.
+"""The built-in estimators, one plugin module each, and their shared machinery.
 
-Each module is a plugin that registers one estimator through ``register_estimators``;
-the shared machinery lives in ``boundary_scan`` (the greedy boundary scan),
-``prefix_classes`` (exact prefix classes at boundaries), ``prefixes`` (prefix hashes and
-the exact lexicographic order of the full tree), ``nodes`` (retained nodes and paths),
-``group_stats`` and ``span_credit`` (span advantages and their normalisation).
+Plugins (each registers one estimator through ``register_estimators``): ``grpo``
+(group-normalised reward), ``leaf`` (the paper's high-surprisal boundaries and span
+credit), ``collision`` (LEAF's credit at boundaries of largest prefix-collision mass),
+``full_tree`` (every branching set of the exact prefix trie), ``otb`` (verl's optimal
+token baseline), ``tree_rloo`` (prefix leave-one-out baselines, unbiased) and
+``tree_otb`` (the variance-aware prefix baseline).
+
+``machinery/``: what several of them share, and no estimator of its own (prefix hashes
+and orders, prefix classes and intervals, retained nodes, the boundary scan, node values
+and their shrinkage, span credit, per-group statistics, row painting, scratch buffers).
 """

@@ -8,7 +8,7 @@ from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.core.hookspecs import hookimpl
 from leaf_plugins.core.params import EstimatorParams
 from leaf_plugins.core.tree import Boundaries
-from leaf_plugins.estimators.boundary_scan import separation, shortest_lengths
+from leaf_plugins.estimators.machinery.boundary_scan import separation, shortest_lengths
 from leaf_plugins.estimators.leaf import LEAF
 
 __all__ = ["Collision", "collision_boundaries"]

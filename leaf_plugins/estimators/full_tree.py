@@ -7,8 +7,8 @@ from leaf_plugins.core.hookspecs import hookimpl
 from leaf_plugins.core.params import EstimatorParams
 from leaf_plugins.core.tree import Boundaries, Nodes
 from leaf_plugins.estimators.leaf import LEAF
-from leaf_plugins.estimators.nodes import trie_nodes
-from leaf_plugins.estimators.prefixes import SortedPrefixes
+from leaf_plugins.estimators.machinery.nodes import trie_nodes
+from leaf_plugins.estimators.machinery.prefixes import SortedPrefixes
 
 __all__ = ["FullTree"]
 

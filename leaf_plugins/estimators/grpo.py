@@ -8,7 +8,7 @@ from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.core.hookspecs import hookimpl
 from leaf_plugins.core.params import EstimatorParams
 from leaf_plugins.core.tree import Boundaries, Nodes
-from leaf_plugins.estimators.group_stats import group_std, per_response, root_values
+from leaf_plugins.estimators.machinery.group_stats import group_std, per_response, root_values
 
 
 class GRPO:

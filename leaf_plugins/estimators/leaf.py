@@ -9,10 +9,10 @@ from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.core.hookspecs import hookimpl
 from leaf_plugins.core.params import EstimatorParams
 from leaf_plugins.core.tree import Boundaries, Nodes
-from leaf_plugins.estimators.boundary_scan import greedy_boundaries, separation, shortest_lengths
-from leaf_plugins.estimators.group_stats import group_extreme
-from leaf_plugins.estimators.nodes import boundary_nodes
-from leaf_plugins.estimators.span_credit import span_advantages
+from leaf_plugins.estimators.machinery.boundary_scan import greedy_boundaries, separation, shortest_lengths
+from leaf_plugins.estimators.machinery.group_stats import group_extreme
+from leaf_plugins.estimators.machinery.nodes import boundary_nodes
+from leaf_plugins.estimators.machinery.span_credit import span_advantages
 
 __all__ = ["LEAF", "surprisal_boundaries"]
 

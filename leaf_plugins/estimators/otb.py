@@ -19,12 +19,12 @@ from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.core.hookspecs import hookimpl
 from leaf_plugins.core.params import EstimatorParams
 from leaf_plugins.core.tree import Nodes
-from leaf_plugins.estimators.group_stats import group_sum
+from leaf_plugins.estimators.machinery.group_stats import group_sum, per_response
 from leaf_plugins.estimators.grpo import GRPO
-from leaf_plugins.estimators.scratch import scratch
+from leaf_plugins.estimators.machinery.scratch import scratch
 
 __all__ = ["OTB", "optimal_token_advantages", "optimal_token_baselines", "path_weights", "token_weights",
-           "stable_token_weights", "real_tokens", "EPSILON", "INCONSISTENCY_TOLERANCE"]
+           "stable_token_weights", "real_tokens", "replaced_reward_advantages", "EPSILON", "INCONSISTENCY_TOLERANCE"]
 
 EPSILON = 1e-8
 """verl's ``epsilon``, added to the denominator Σ_i W_{i,t} of the baseline."""
@@ -69,6 +69,43 @@ def optimal_token_advantages(batch: RolloutBatch) -> torch.Tensor:
         torch.sub(batch.rewards.float().unsqueeze(1), centred, out=centred)  # r_i - b_t, padding included
     # (x · 0) is -0.0 for negative x; adding +0.0 makes the padding +0.0
     return torch.mul(centred, real).add_(0.0)
+
+
+@torch.inference_mode()
+def replaced_reward_advantages(batch: RolloutBatch, rewards: torch.Tensor, weights: torch.Tensor,
+                               own_share: bool) -> torch.Tensor:
+    """``[N, T]`` float32 OTB's advantage of every token with the response's own reward
+    replaced by ``rewards [N, T]`` (float32 per token, e.g. the mean reward of the
+    responses that share its prefix through it), on the token ``weights [N, T]`` (float32,
+    0 on padding: ``stable_token_weights``, which keeps the weights of near-deterministic
+    tokens that ``token_weights``' float32 ``1 − 2π + Σπ²`` gets up to 10% wrong); 0 on
+    padding, a new tensor.
+
+    With ``own_share`` (verl's OTB, the response's own return in its baseline) the
+    baseline is ``Σ_j W_j r_j / Σ_j W_j`` over the group's responses running at ``t``, 0
+    where fewer than two run or they have no weight (verl adds ``ε`` to the denominator,
+    which moves the baseline toward 0 where every weight is tiny: without it, shifting
+    all rewards shifts the baseline with them). Without, it leaves the response out,
+    ``(Σ_j W_j r_j − W_i ρ) / (Σ_j W_j − W_i)`` (``ρ`` the replaced reward; for ``ρ = r_i``
+    the W-weighted mean reward of the others), 0 where the others running have no weight
+    (among them a response alone): that baseline depends on neither the response's
+    tokens from ``t`` on nor its reward. ``W`` and the sums are float32 with the share (at
+    most ``T`` positive terms in ``W``, a relative error below ``T · 2⁻²⁴``, as in
+    ``optimal_token_baselines``) and float64 without (``Σ_j W_j − W_i`` cancels)."""
+    real = real_tokens(batch)  # [N, T]
+    layout = batch.groups
+    precision = torch.float32 if own_share else torch.float64
+    cumulative = weights.to(precision, copy=True).cumsum_(dim=1).mul_(real)  # [N, T] W (weights untouched)
+    total = group_sum(cumulative, layout)  # [G, T] Σ_j W_j
+    weighted = group_sum(cumulative * batch.rewards.to(precision).unsqueeze(1), layout)  # [G, T] Σ_j W_j r_j
+    if own_share:
+        baseline = torch.where(total > 0, weighted.div_(total.clamp(min=1e-30)), 0.0)  # [G, T]
+        positions = torch.arange(batch.width, device=batch.device)
+        baseline.masked_fill_(positions >= _second_longest(batch.lengths, layout).unsqueeze(1), 0.0)
+        return rewards.sub(baseline.index_select(0, layout.index)).mul_(real)
+    others = per_response(total, layout).sub_(cumulative)  # [N, T] Σ_{j≠i} W_j
+    leave_out = per_response(weighted, layout).sub_(cumulative.mul_(rewards)).div_(others.clamp(min=1e-300))
+    return (rewards - torch.where(others > 0, leave_out, 0.0)).float().mul_(real)
 
 
 @torch.inference_mode()

@@ -39,13 +39,16 @@ from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.core.hookspecs import hookimpl
 from leaf_plugins.core.params import EstimatorParams
 from leaf_plugins.core.tree import Nodes
-from leaf_plugins.estimators.group_stats import group_extreme, group_mean, group_sum, per_response
-from leaf_plugins.estimators.node_shrinkage import node_shrink
-from leaf_plugins.estimators.tree_baselines import path_baselines
+from leaf_plugins.estimators.machinery.group_stats import group_extreme, group_mean, group_sum, per_response
+from leaf_plugins.estimators.machinery.node_shrinkage import node_shrink
+from leaf_plugins.estimators.machinery.tree_baselines import path_baselines
 from leaf_plugins.estimators.tree_rloo import TreeRLOO, group_scale
-from leaf_plugins.estimators.otb import real_tokens, stable_token_weights
-from leaf_plugins.estimators.prefix_intervals import PathIntervals, path_intervals
-from leaf_plugins.estimators.scratch import scratch
+from leaf_plugins.estimators.otb import real_tokens, replaced_reward_advantages, stable_token_weights
+from leaf_plugins.estimators.machinery.mixing_weights import cross_fitted_weights, kernel_statistics
+from leaf_plugins.estimators.machinery.prefix_intervals import PathIntervals, path_intervals, shared_prefix_lengths
+from leaf_plugins.estimators.machinery.prefixes import SortedPrefixes
+from leaf_plugins.estimators.machinery.state_sums import state_runs
+from leaf_plugins.estimators.machinery.scratch import scratch
 
 __all__ = ["TreeOTB", "KAPPA_EDGES", "LANES", "value_ratios", "token_slots"]
 
@@ -68,27 +71,81 @@ _EDGE_BITS = torch.tensor(KAPPA_EDGES, dtype=torch.float32).view(torch.int32).to
 
 
 class TreeOTB(TreeRLOO):
-    """Tree OTB: prefix leave-one-out values scaled to the variance-optimal baseline."""
+    """Tree OTB: OTB's advantage moved toward the prefix tree's as far as the other groups
+    of the batch say it helps, per kind of state."""
 
-    parameters = TreeRLOO.parameters | {"own_share", "prefix_mean", "ridge"}
-    defaults = {"scale": "batch_std", "prefix_mean": True, "ridge": RIDGE}
+    parameters = TreeRLOO.parameters | {"own_share", "prefix_mean", "ridge", "tree_weight"}
+    defaults = {"scale": "batch_std", "prefix_mean": True, "ridge": RIDGE, "tree_weight": "auto"}
 
     @hookimpl
     def compute_advantages(self, batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) -> torch.Tensor:
         baselines = path_baselines(batch, nodes, node_shrink(batch, nodes, params))  # segment values V̂ [N, D+1]
+        learnt = params.tree_weight == "auto"
         with torch.inference_mode():
+            layout = batch.groups
             real = real_tokens(batch)  # [N, T] float32 1.0 / 0.0
             weights, spread = stable_token_weights(batch, real)  # [N, T] w, 1 − Σπ² (0 on padding; scratch)
-            intervals = path_intervals(batch, baselines.bounds, params.prefix_mean)  # E+1 per response
-            slot = token_slots(spread, intervals.token_intervals(batch.width))  # [N, T] (interval, lane, kind)
+            prefixes = SortedPrefixes.lexicographic(batch) if (params.prefix_mean or learnt) and batch.size > 1 else None
+            shared = None if prefixes is None else shared_prefix_lengths(batch, prefixes)  # [N, K] each
+            intervals = path_intervals(batch, baselines.bounds, shared if params.prefix_mean else None)  # E+1 each
+            token_interval = intervals.token_intervals(batch.width)  # [N, T] int32
+            slot = token_slots(spread, token_interval)  # [N, T] (interval, lane, kind)
             lowest = _other_groups_floor(batch)  # [G] f
             ridged = weights.add(real, alpha=params.ridge) if params.ridge else weights  # [N, T] w + ridge
             kappa = value_ratios(batch, ridged, slot, intervals.count, lowest)  # [N, kinds] κ
-            table = _advantage_table(batch, baselines.values, intervals, kappa, lowest, params)  # [N, (E+1)·LANES·kinds]
+            scale = per_response(group_scale(batch, params), layout)  # [N] c
+            table = _advantage_table(batch, baselines.values, intervals, kappa, lowest, scale, params)  # [N, slots]
+            if params.tree_weight != 1:
+                rewards = intervals.class_means(batch.rewards.double().unsqueeze(1)).float()  # [N, E+1] class means
+                otb = _otb_advantages(batch, rewards.gather(1, token_interval.long()), weights, scale, params)
             share = _own_share(batch, weights, real) if params.own_share else None  # [N, T] W_i / Σ_j W_j
+            if params.tree_weight != 1:
+                tree = torch.gather(table, 1, slot)  # [N, T] the tree's advantage
+                if share is not None:
+                    tree.addcmul_(tree, share, value=-1)
+                move = tree.sub_(otb)  # [N, T] from OTB's advantage to the tree's
+                weight = (_learnt_weights(batch, prefixes, shared, otb, move, spread, real, slot) if learnt
+                          else torch.full_like(move, float(params.tree_weight)))  # [N, T] λ
         # out of inference mode: the result is an ordinary tensor
+        if params.tree_weight != 1:
+            return torch.addcmul(otb, weight, move)  # [N, T] OTB's advantage + λ (tree's − OTB's)
         advantage = torch.gather(table, 1, slot)  # [N, T] class mean of ((r − f) − κ (V̂ − f)) / c, 0 on padding
         return advantage if share is None else advantage.addcmul_(advantage, share, value=-1)
+
+
+def _otb_advantages(batch: RolloutBatch, rewards: torch.Tensor, weights: torch.Tensor, scale: torch.Tensor,
+                    params: EstimatorParams) -> torch.Tensor:
+    """``[N, T]`` float32 OTB's advantage on the token ``weights [N, T]`` (with its
+    own-return share under ``own_share``, the leave-one-out form without) with each
+    token's reward replaced by ``rewards [N, T]`` (its prefix class's mean reward),
+    divided by ``scale [N]`` (float64 c); 0 for a response alone in its group, as the
+    tree's."""
+    advantage = replaced_reward_advantages(batch, rewards, weights, params.own_share)  # [N, T]
+    alone = per_response(batch.groups.sizes, batch.groups) < 2  # [N]
+    divisor = torch.where(alone, torch.inf, scale).float().unsqueeze(1)  # [N, 1]
+    return advantage.div_(divisor)
+
+
+def _learnt_weights(batch: RolloutBatch, prefixes: SortedPrefixes | None,
+                    shared: tuple[torch.Tensor, torch.Tensor] | None,
+                    base: torch.Tensor, move: torch.Tensor, spread: torch.Tensor, real: torch.Tensor,
+                    slot: torch.Tensor) -> torch.Tensor:
+    """``[N, T]`` float32 λ of every token: the weight its group learns from the other
+    groups (``mixing_weights``) for its kind of state (``slot``'s bin of ``spread [N, T]``,
+    1 − Σπ²), between OTB's advantage ``base [N, T]`` and the tree's ``base + move``
+    (``prefixes`` and ``shared``: the lexicographic order and ``shared_prefix_lengths``);
+    0 for a batch of one response (``prefixes`` None)."""
+    if prefixes is None or shared is None:
+        return torch.zeros_like(base)
+    layout = batch.groups
+    runs = state_runs(batch, prefixes, shared[0])
+    kinds = torch.remainder(slot, KINDS)  # [N, T] int64 bin of 1 − Σπ²
+    chosen = torch.expm1(batch.logprobs).neg_().mul_(real)  # [N, T] 1 − π of the sampled token
+    statistics = kernel_statistics(runs, base, move, chosen, spread, kinds, KINDS)
+    rewards = batch.rewards.double()
+    spread_out = group_extreme(rewards, layout, "amax", -torch.inf) > group_extreme(rewards, layout, "amin", torch.inf)
+    weights = cross_fitted_weights(statistics, spread_out)  # [G, kinds]
+    return per_response(weights, layout).float().gather(1, kinds)
 
 
 def token_slots(spread: torch.Tensor, intervals: torch.Tensor) -> torch.Tensor:
@@ -145,18 +202,18 @@ def value_ratios(batch: RolloutBatch, weights: torch.Tensor, slot: torch.Tensor,
 
 
 def _advantage_table(batch: RolloutBatch, values: torch.Tensor, intervals: PathIntervals, kappa: torch.Tensor,
-                     lowest: torch.Tensor, params: EstimatorParams) -> torch.Tensor:
+                     lowest: torch.Tensor, scale: torch.Tensor, params: EstimatorParams) -> torch.Tensor:
     """``[N, (E+1) · LANES · kinds]`` float32 advantage before the own share of every
     slot of ``token_slots``: the mean over the interval's prefix class of
     ``((r − f) − κ (V̂ − f)) / c`` (``values [N, D+1]`` V̂ on each path segment,
-    ``kappa [N, kinds]`` κ, ``lowest [G]`` f; κ, f and c are the same for the whole
-    class), in float64 and then rounded; 0 on the padding and, without the own share,
+    ``kappa [N, kinds]`` κ, ``lowest [G]`` f, ``scale [N]`` c; κ, f and c are the same for
+    the whole class), in float64 and then rounded; 0 on the padding and, without the own share,
     for a response alone in its group."""
     layout = batch.groups
     floor = per_response(lowest, layout).unsqueeze(1)  # [N, 1]
     columns = torch.cat([batch.rewards.double().unsqueeze(1), values], dim=1).sub_(floor)  # [N, D+2] r − f, V̂ − f
     if params.scale != "none":
-        columns.div_(per_response(group_scale(batch, params), layout).unsqueeze(1))
+        columns.div_(scale.unsqueeze(1))
     above = intervals.class_means(columns[:, :1])  # [N, E+1]
     spread = intervals.class_means(columns[:, 1:])  # [N, E+1]
     table = (above.unsqueeze(2) - kappa.unsqueeze(1) * spread.unsqueeze(2)).float()  # [N, E+1, kinds]

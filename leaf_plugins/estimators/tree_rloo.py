@@ -8,10 +8,10 @@ from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.core.hookspecs import hookimpl
 from leaf_plugins.core.params import EstimatorParams
 from leaf_plugins.core.tree import Nodes
-from leaf_plugins.estimators.group_stats import group_std, per_response, pooled_std, root_values
+from leaf_plugins.estimators.machinery.group_stats import group_std, per_response, pooled_std, root_values
 from leaf_plugins.estimators.leaf import LEAF
-from leaf_plugins.estimators.node_shrinkage import node_shrink
-from leaf_plugins.estimators.tree_baselines import path_baselines
+from leaf_plugins.estimators.machinery.node_shrinkage import node_shrink
+from leaf_plugins.estimators.machinery.tree_baselines import path_baselines
 
 __all__ = ["TreeRLOO", "group_scale"]
 

@@ -17,8 +17,8 @@ from leaf_plugins.bench.credit.measures import (
 )
 from leaf_plugins.bench.credit.sampling import Groups, sample_groups
 
-__all__ = ["Settings", "Row", "regimes", "run_sweep", "paired_cosine_gain", "paired_learning_gain", "markdown_table",
-           "write_csv", "BASELINES"]
+__all__ = ["Settings", "Row", "regimes", "held_out_regimes", "run_sweep", "paired_cosine_gain", "paired_learning_gain",
+           "markdown_table", "write_csv", "BASELINES"]
 
 BASE = Regime()
 SPEECH = Regime(
@@ -31,6 +31,14 @@ reward), stopping early or late costs words."""
 
 EXACT = replace(SPEECH, name="exact match", reward="exact", right_bias=1.0)
 
+LENGTH = replace(EXACT, name="exact match, length decision", vocab=12, horizon=32, reference_length=24,
+                 decisions=(3, 8, 12, 18), peak_logit=6.0, stop_logit=1.0, right_bias=4.0)
+"""Exact match where one wrong token or a wrong length zeroes the reward: 24 reference
+words over a 12-word vocabulary, a rare wrong word twice as likely at every position as
+in ``EXACT`` (peak logit 6), decisions that mostly go right (right bias 4), and the
+length decision after the last word a real one (the end token's logit 1: about one in
+five responses that got that far stops there). The regime that shows how much the
+prefix tree's node values cost ``tree_otb`` under exact match (docs/credit-benchmark.md)."""
 BASELINES = ("grpo", "otb")
 """The estimators every other one is compared with, pair by pair on the same groups."""
 
@@ -38,7 +46,8 @@ BASELINES = ("grpo", "otb")
 def regimes() -> list[Regime]:
     """The first version's additive regimes (fixed length, one knob at a time), then
     translation-like ones with an end token, graded or exact-match rewards, longer
-    horizons, shared features and a hard exact-match regime."""
+    horizons, shared features and a hard exact-match regime, then the length-decision
+    family (exact match and graded)."""
     return [
         BASE,
         replace(BASE, name="K=4", group_size=4),
@@ -64,6 +73,28 @@ def regimes() -> list[Regime]:
         replace(EXACT, name="exact match K=16", group_size=16),
         replace(EXACT, name="exact match late", decisions=(10, 13), variants=2),
         replace(EXACT, name="exact match hard", right_bias=0.0, decisions=(3, 6, 9, 12)),
+        LENGTH,
+        replace(LENGTH, name="exact match, length decision K=16", group_size=16),
+        replace(LENGTH, name="exact match, length decision hard", right_bias=2.0),
+        replace(LENGTH, name="graded, length decision", reward="graded"),
+    ]
+
+
+def held_out_regimes() -> list[Regime]:
+    """Settings the rule of ``tree_otb`` was not chosen on (another vocabulary, horizon,
+    group size, temperature, shared features), for ``leaf bench credit --held-out``."""
+    return [
+        replace(EXACT, name="held out: exact match, vocabulary 20, 40 words, K=12", vocab=20, horizon=48,
+                reference_length=40, decisions=(5, 15, 25, 35), stop_logit=1.5, peak_logit=6.5, right_bias=4.0,
+                group_size=12),
+        replace(SPEECH, name="held out: graded, vocabulary 8, 12 words, K=6", vocab=8, horizon=18, reference_length=12,
+                decisions=(2, 6, 9), stop_logit=1.0, peak_logit=5.0, group_size=6),
+        replace(EXACT, name="held out: exact match, vocabulary 8, 20 words, K=6, temperature 1.3", vocab=8, horizon=28,
+                reference_length=20, decisions=(4, 10, 15), temperature=1.3, right_bias=3.0, group_size=6),
+        replace(LENGTH, name="held out: graded, length decision, features α=0.5", reward="graded", features=64,
+                feature_similarity=0.5),
+        replace(LENGTH, name="held out: exact match, length decision, features α=0.5, K=12", features=64,
+                feature_similarity=0.5, group_size=12),
     ]
 
 

@@ -18,8 +18,8 @@ import torch
 
 from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.core.tree import Nodes
-from leaf_plugins.estimators.group_stats import group_sum, per_response
-from leaf_plugins.estimators.painting import paint_segments
+from leaf_plugins.estimators.machinery.group_stats import group_sum, per_response
+from leaf_plugins.estimators.machinery.painting import paint_segments
 
 __all__ = ["PathBaselines", "path_baselines"]
 

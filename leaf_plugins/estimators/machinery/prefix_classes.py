@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from leaf_plugins.core.batch import RolloutBatch
-from leaf_plugins.estimators.prefixes import SortedPrefixes, first_difference, running_hashes
-from leaf_plugins.estimators.scratch import scratch
+from leaf_plugins.estimators.machinery.prefixes import SortedPrefixes, first_difference, running_hashes
+from leaf_plugins.estimators.machinery.scratch import scratch
 
 __all__ = ["PrefixClasses"]
 

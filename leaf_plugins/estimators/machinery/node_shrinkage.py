@@ -23,7 +23,7 @@ import torch
 from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.core.params import EstimatorParams
 from leaf_plugins.core.tree import Nodes
-from leaf_plugins.estimators.group_stats import group_sum, per_response
+from leaf_plugins.estimators.machinery.group_stats import group_sum, per_response
 
 __all__ = ["auto_shrink", "node_shrink", "MAX_SHRINK", "FALLBACK_SHRINK"]
 

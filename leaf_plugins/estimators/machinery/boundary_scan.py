@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from leaf_plugins.core.batch import RolloutBatch
-from leaf_plugins.estimators.group_stats import group_extreme
+from leaf_plugins.estimators.machinery.group_stats import group_extreme
 
 __all__ = ["separation", "shortest_lengths", "greedy_boundaries"]
 

@@ -20,7 +20,7 @@ from functools import cached_property, lru_cache
 import torch
 
 from leaf_plugins.core.batch import RolloutBatch
-from leaf_plugins.estimators.scratch import scratch
+from leaf_plugins.estimators.machinery.scratch import scratch
 
 __all__ = ["SortedPrefixes", "range_minima", "running_hashes", "first_difference"]
 

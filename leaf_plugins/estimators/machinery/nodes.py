@@ -6,9 +6,9 @@ import torch
 
 from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.core.tree import Nodes
-from leaf_plugins.estimators.group_stats import root_values
-from leaf_plugins.estimators.prefix_classes import PrefixClasses
-from leaf_plugins.estimators.prefixes import SortedPrefixes, range_minima
+from leaf_plugins.estimators.machinery.group_stats import root_values
+from leaf_plugins.estimators.machinery.prefix_classes import PrefixClasses
+from leaf_plugins.estimators.machinery.prefixes import SortedPrefixes, range_minima
 
 __all__ = ["boundary_nodes", "trie_nodes"]
 

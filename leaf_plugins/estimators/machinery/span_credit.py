@@ -14,8 +14,8 @@ import torch
 from leaf_plugins.core.batch import GroupLayout, RolloutBatch
 from leaf_plugins.core.params import EstimatorParams
 from leaf_plugins.core.tree import Nodes
-from leaf_plugins.estimators.group_stats import group_total, per_response
-from leaf_plugins.estimators.painting import paint_segments
+from leaf_plugins.estimators.machinery.group_stats import group_total, per_response
+from leaf_plugins.estimators.machinery.painting import paint_segments
 
 __all__ = ["span_advantages", "STD_FLOOR"]
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from leaf_plugins.core.batch import RolloutBatch
-from leaf_plugins.estimators.prefixes import SortedPrefixes, range_minima
+from leaf_plugins.estimators.machinery.prefixes import SortedPrefixes, range_minima
 
 __all__ = ["PathIntervals", "path_intervals", "shared_prefix_lengths"]
 
@@ -72,13 +72,15 @@ class PathIntervals:
 
 
 @torch.inference_mode()
-def shared_prefix_lengths(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """``([N, K] int64, [N, K] int64)``: for response ``i`` and slot ``k`` of its group,
-    the number of leading tokens ``i`` shares with that slot's response (the width for
-    itself and for an identical response, ``-1`` for an empty slot), and that
-    response's batch index (0 for an empty slot). Exact: from the adjacent LCPs of the
-    lexicographic order, whose pairwise minima are every pair's LCP."""
-    prefixes = SortedPrefixes.lexicographic(batch)
+def shared_prefix_lengths(batch: RolloutBatch,
+                          prefixes: SortedPrefixes | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``([N, K] int64, [N, K] int64)``: for response ``i`` and slot ``k`` of its group
+    (in the lexicographic order ``prefixes``, found here if not given), the number of
+    leading tokens ``i`` shares with that slot's response (the width for itself and for
+    an identical response, ``-1`` for an empty slot), and that response's batch index (0
+    for an empty slot). Exact: from the adjacent LCPs of the lexicographic order, whose
+    pairwise minima are every pair's LCP."""
+    prefixes = SortedPrefixes.lexicographic(batch) if prefixes is None else prefixes
     width, slots = batch.width, prefixes.max_size
     spans = range_minima(prefixes.gap_matrix)  # [G, K-1(a), K-1(k)]: LCP of sorted slots a and k+1, a <= k
     groups = prefixes.groups
@@ -98,15 +100,17 @@ def shared_prefix_lengths(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tens
 
 
 @torch.inference_mode()
-def path_intervals(batch: RolloutBatch, bounds: torch.Tensor, prefix_classes: bool) -> PathIntervals:
+def path_intervals(batch: RolloutBatch, bounds: torch.Tensor,
+                   shared_prefixes: tuple[torch.Tensor, torch.Tensor] | None) -> PathIntervals:
     """The intervals of every response's positions (see the module) from its path
-    segments' ``bounds [N, D+2]`` (``PathBaselines``) and, with ``prefix_classes``, the
-    positions where its prefix class shrinks. Without them every class is the response
-    alone and the intervals are the path segments."""
+    segments' ``bounds [N, D+2]`` (``PathBaselines``) and, with ``shared_prefixes`` (the
+    pair of ``shared_prefix_lengths``), the positions where its prefix class shrinks.
+    Without them every class is the response alone and the intervals are the path
+    segments."""
     width = batch.width
     starts_of_segments = bounds[:, 1:]  # [N, D+1]: the path's nodes, then the padding
-    if prefix_classes and batch.size > 1:
-        shared, partners = shared_prefix_lengths(batch)  # [N, K] each
+    if shared_prefixes is not None:
+        shared, partners = shared_prefixes  # [N, K] each
     else:
         shared = torch.full((batch.size, 1), width, dtype=torch.int64, device=batch.device)
         partners = torch.arange(batch.size, device=batch.device).unsqueeze(1)

@@ -1,0 +1,100 @@
+"""How much of one advantage to mix into another, per kind of state, learnt from the
+other groups of the batch (``tree_otb``'s ``tree_weight: auto``).
+
+The advantages are ``A(λ) = e + λ_k d`` (``e`` the base advantage, ``d`` the move toward
+the other one, ``λ_k`` one weight per kind ``k`` of state). A group's policy-gradient
+estimate is ``ĝ = Σ_j Σ_t A_{j,t} ∇log π(a_{j,t} | s_{j,t})``; tokens in different states
+have gradients in different rows of a tabular policy, and two tokens in one state ``s``
+have scores whose inner product is known from the policy's probabilities alone:
+``⟨∇log π(a|s), ∇log π(b|s)⟩ = [a = b] − π(a|s) − π(b|s) + Σ_v π(v|s)²`` (softmax
+logits). So ``|ĝ|²`` is a quadratic in the ``λ_k``:
+
+    Q(λ) = Σ_k (E_k + 2 λ_k N_k + λ_k² D_k),   N_k = Σ_{tokens of kind k} d_{j,t} (K e)_{j,t}
+
+with ``(K y)_{j,t} = Σ_{l ∈ S(j,t)} y_{l,t} ⟨score_j, score_l⟩`` over the responses of the
+state (``state_sums``). As the baselines do not change the expected gradient, ``Q`` is
+its variance plus a constant: the weights that minimise it minimise the variance.
+
+Each group measures the others' choice: for group ``g``, ``λ_k`` minimises the sum over
+the *other* groups ``h`` of ``Q_h(λ) / Q_h(0)`` (each group's variance relative to its
+own size, since what counts is each group's gradient direction, not the largest group's),
+
+    λ_k = −Σ_{h≠g} N_{h,k} / Z_h  /  Σ_{h≠g} D_{h,k} / Z_h,    Z_h = Q_h(0),
+
+less ``CONFIDENCE`` times its standard error over those groups, clipped to ``[0, 1]``, and
+0 where fewer than ``MIN_GROUPS`` of them carry the kind. Neither depends on group
+``g``'s responses; a group whose rewards are all equal says nothing, so a batch of one
+group, or of too few informative ones, gets OTB's advantage (weight 0).
+
+In the scores' inner product, ``[a = b] − π_a − π_b + Σπ²`` is ``w_a = 2 u_a − v`` for
+``a = b`` and ``u_a + u_b − v − 1`` otherwise, with ``u = 1 − π`` and ``v = 1 − Σπ²``: float32
+keeps these where ``π`` is near 1 (``w`` is then about ``(1 − π)²``), and a state whose
+responses all took one action gets exactly ``w`` times their sum.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from leaf_plugins.estimators.machinery.state_sums import StateRuns
+
+__all__ = ["kernel_statistics", "cross_fitted_weights", "CONFIDENCE", "MIN_GROUPS"]
+
+CONFIDENCE = 1.0
+"""Standard errors subtracted from each learnt weight: the other groups' estimate of
+``λ`` is noisy, and a weight too high costs more than one too low (the measurements in
+docs/estimators.md)."""
+
+MIN_GROUPS = 3
+"""Other groups that must carry a kind of state (tokens of that kind where the two
+advantages differ) before its weight is learnt; with fewer it is 0. A fit on one or two
+groups has no usable standard error, and such weights cost the most (docs/estimators.md)."""
+
+
+@torch.inference_mode()
+def kernel_statistics(runs: StateRuns, base: torch.Tensor, move: torch.Tensor, u: torch.Tensor, v: torch.Tensor,
+                      kinds: torch.Tensor, count: int) -> torch.Tensor:
+    """``[G, count, 3]`` float64 per group and kind: ``Σ d (K e)``, ``Σ d (K d)`` and
+    ``Σ e (K e)`` over its tokens of that kind, from the per-token ``base`` ``e`` and
+    ``move`` ``d`` (``[N, T]`` float32, 0 on padding), ``u = 1 − π`` of the sampled token
+    and ``v = 1 − Σπ²`` of its state (``[N, T]`` float32, 0 on padding) and ``kinds``
+    (``[N, T]`` int64 in ``[0, count)``).
+
+    Each response's sums over its ``T`` tokens are float32 (a relative error below
+    ``T · 2⁻²⁴`` of the sum of the terms' sizes); the sums over responses and groups,
+    float64."""
+    e, d, chosen, spread = (runs.sorted(values) for values in (base, move, u, v))  # [G, K, T] each
+    same_action, same_state = runs.sums(torch.stack([e, d, chosen * e, chosen * d], dim=3))  # [G, K, T, 4] each
+    # (K y) = w Σ_class y + (u − v − 1) Σ_{state, not class} y + Σ_{state, not class} u y, for y = e and y = d:
+    # where the whole state took one action (a near-deterministic one) only the exact w Σ y is left
+    weight = (2 * chosen - spread).clamp_(min=0)  # [G, K, T] w = 2(1 − π) − (1 − Σπ²), as stable_token_weights
+    outside = same_state.sub_(same_action)  # [G, K, T, 4] the state's other actions
+    kernel = outside[..., :2].mul_((chosen - spread - 1).unsqueeze(3)).add_(outside[..., 2:])
+    kernel.addcmul_(weight.unsqueeze(3), same_action[..., :2])  # [G, K, T, 2]: (K e), (K d)
+    groups, slots, width = e.shape
+    index = runs.sorted(kinds).view(groups * slots, width)  # [G·K, T]
+    statistics = torch.zeros(3, groups * slots, count, dtype=e.dtype, device=e.device)  # [3, G·K, count]
+    for row, (left, right) in enumerate(((d, kernel[..., 0]), (d, kernel[..., 1]), (e, kernel[..., 0]))):
+        statistics[row].scatter_add_(1, index, (left * right).view(groups * slots, width))
+    return statistics.double().view(3, groups, slots, count).sum(dim=2).permute(1, 2, 0)
+
+
+@torch.inference_mode()
+def cross_fitted_weights(statistics: torch.Tensor, usable: torch.Tensor, confidence: float = CONFIDENCE) -> torch.Tensor:
+    """``[G, kinds]`` float64 weights ``λ`` in ``[0, 1]`` of every group and kind, each from
+    the other groups' ``statistics`` (``kernel_statistics``) whose ``usable [G]`` is true
+    (see the module); 0 where the others say nothing."""
+    size = statistics[:, :, 2].sum(dim=1)  # [G] Z_h = Q_h(0)
+    scale = torch.where(usable & (size > 0), 1 / size.clamp(min=1e-300), 0.0).unsqueeze(1)  # [G, 1]
+    cross, square = (statistics[:, :, 0] * scale), (statistics[:, :, 1] * scale)  # [G, kinds] N/Z, D/Z
+
+    def others(values: torch.Tensor) -> torch.Tensor:
+        return values.sum(dim=0, keepdim=True) - values
+
+    below = others(square)
+    informed = (below > 1e-12) & (others((square > 1e-9).double()) >= MIN_GROUPS)
+    fitted = torch.where(informed, -others(cross) / below.clamp(min=1e-300), 0.0)  # [G, kinds]
+    # the spread of the groups' residuals N_h + λ D_h about the fit: its standard error
+    residual = others(cross * cross) + 2 * fitted * others(cross * square) + fitted * fitted * others(square * square)
+    error = torch.where(informed, residual.clamp(min=0).sqrt() / below.clamp(min=1e-300), 0.0)
+    return (fitted - confidence * error).clamp_(min=0, max=1)
