@@ -88,12 +88,13 @@ def model_logits(model: torch.nn.Module, inputs: dict, tokens: torch.Tensor, gro
     return logits[:, ids.shape[1] - tokens.shape[1] - 1 :].float()
 
 
-def lean_logits(model: torch.nn.Module, inputs: dict, tokens: torch.Tensor, group_size: int) -> torch.Tensor:
+def lean_logits(model: torch.nn.Module, inputs: dict, tokens: torch.Tensor, group_size: int,
+                fold: bool = False) -> torch.Tensor:
     """The same ``[N, T + 1, V]`` logits from the lean decoder: the prefill, then one
-    decode step per token of ``tokens``."""
+    decode step per token of ``tokens`` (``fold``: with the folded projections)."""
     mask = inputs["attention_mask"]
     embeddings = embed_prompts(model, inputs)
-    decoder = LeanDecoder(decoder_family(model))
+    decoder = LeanDecoder(decoder_family(model), fold)
     width = tokens.shape[1]
     with torch.no_grad():
         decoder.prepare_positions(mask.shape[1] + width + 1, embeddings)
@@ -122,18 +123,19 @@ def lean_logits(model: torch.nn.Module, inputs: dict, tokens: torch.Tensor, grou
     ("tiny-granite-speech", {"num_key_value_heads": 1}),  # 4 query heads per key/value head
     ("tiny-qwen2-audio", {"num_key_value_heads": 4}),  # no grouping (Qwen2-Audio-7B's layout)
 ])
-def test_lean_decoder_reproduces_the_model_forward(name, text_config):
+@pytest.mark.parametrize("fold", [False, True], ids=["projections", "folded"])
+def test_lean_decoder_reproduces_the_model_forward(name, text_config, fold):
     loaded = variant(name, **text_config)
     model = with_adapter(loaded)
     inputs = prompt_inputs(loaded)
     group_size, width = 2, 7
     tokens = torch.randint(0, 500, (len(PROMPTS) * group_size, width), generator=torch.Generator().manual_seed(2))
     expected = model_logits(model, inputs, tokens, group_size)
-    got = lean_logits(model, inputs, tokens, group_size)
+    got = lean_logits(model, inputs, tokens, group_size, fold)
     scale = float(expected.abs().max())
     torch.testing.assert_close(got, expected, rtol=0, atol=LOGIT_TOLERANCE * max(scale, 1.0))
     with torch.no_grad(), model.disable_adapter():  # the reference policy runs the same loop
-        torch.testing.assert_close(lean_logits(model, inputs, tokens, group_size),
+        torch.testing.assert_close(lean_logits(model, inputs, tokens, group_size, fold),
                                    model_logits(model, inputs, tokens, group_size), rtol=0,
                                    atol=LOGIT_TOLERANCE * max(scale, 1.0))
 
@@ -401,6 +403,39 @@ def test_projections_are_the_peft_layers_bit_for_bit(setup):
     assert not any(is_plain_lora(layer) for layer in dropout_layers)  # training mode: dropout active
     dropping.eval()
     assert all(is_plain_lora(layer) for layer in dropout_layers)
+
+
+def test_folded_projections_are_the_peft_layers_and_leave_them_untouched(setup):
+    """``fused_linear`` of a layer's query, key and value (LoRA folded into a copy,
+    concatenated) gives each peft layer's output to float32 rounding: the fold adds
+    ``scaling · B A`` (rank 8, entries ~0.1 · 0.1) to weights of size ~0.02-0.1, one
+    rounding of the sum instead of two products and an add, about 1e-7 relative per
+    element; 1e-5 of the output's largest element leaves a margin of ~50 across kernel
+    paths. The base weights and the adapter stay bit-identical. With the adapter
+    disabled nothing is folded, and the base layers concatenate to their own maps."""
+    from peft.tuners.lora.layer import Linear as LoraLinear
+
+    from leaf_plugins.training.decoding.projections import fused_linear
+
+    _, model, _ = setup
+    attention = decoder_family(model).layers[0].self_attn
+    layers = [attention.q_proj, attention.k_proj, attention.v_proj]
+    assert all(isinstance(layer, LoraLinear) for layer in layers)
+    before = {name: value.clone() for name, value in model.state_dict().items()}
+    x = torch.randn(5, 7, layers[0].in_features, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        outputs = fused_linear(layers)(x)
+        for layer, got in zip(layers, outputs):
+            expected = layer(x)
+            assert not torch.equal(expected, layer.get_base_layer()(x))  # the adapter changes the output
+            torch.testing.assert_close(got, expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
+        with model.disable_adapter():
+            assert fused_linear(layers) is None  # a disabled adapter is not folded: the layers run as themselves
+            plain = fused_linear([layer.get_base_layer() for layer in layers])(x)
+            for got, layer in zip(plain, layers):  # one product over the concatenated weights: a kernel may block it
+                expected = layer(x)                # differently from three, so rounding, not bits
+                torch.testing.assert_close(got, expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
+    assert all(torch.equal(value, before[name]) for name, value in model.state_dict().items())
 
 
 def test_rollout_backend_in_a_run_config(tmp_path):

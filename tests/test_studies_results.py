@@ -45,13 +45,13 @@ def _da(variation: str, seed: int) -> list[float | None]:
     return scores
 
 
-def finished_study(tmp_path: Path, seeds: list[int], judges: str = "") -> Path:
+def finished_study(tmp_path: Path, seeds: list[int], judges: str = "", reward: str = "sentence_bleu") -> Path:
     """A study file and, on disk, every run of it finished (predictions, evaluation.json,
     metrics.jsonl, DA per-item file): what `leaf study` leaves behind."""
     path = tmp_path / "study.yaml"
     path.write_text(f"""\
 output_dir: {tmp_path / 'out'}
-base: {{steps: 3, backbone: {{name: tiny-qwen2-audio}}, task: {{name: spoken-translation}}}}
+base: {{steps: 3, reward: {reward}, backbone: {{name: tiny-qwen2-audio}}, task: {{name: spoken-translation}}}}
 grid: {{estimator.name: [grpo, leaf]}}
 seeds: {seeds}
 compare_to: estimator=grpo
@@ -201,3 +201,26 @@ def test_judges_score_finished_runs_once_and_enter_the_table(tmp_path):
     stamps = [path.stat().st_mtime_ns for path in files]
     judge_runs([(run.directory, run.config.task.name) for run in study.runs], study.config.evaluation.judges)
     assert [path.stat().st_mtime_ns for path in files] == stamps  # already judged: skipped
+
+
+def test_studies_trained_on_exact_match_report_its_paired_held_out_difference(tmp_path):
+    """A study whose runs train on ``exact_match`` gets a paired held-out exact-match
+    column: the mean over seeds of (leaf's − grpo's) share of predictions equal to their
+    reference, in percent, counted here directly; other studies do not."""
+    (tmp_path / "exact").mkdir()
+    (tmp_path / "bleu").mkdir()
+    study = load_study(finished_study(tmp_path / "exact", [0, 1, 2, 3, 4], reward="exact_match"))
+    table = write_results(study).read_text()
+    header = next(line for line in table.splitlines() if line.startswith("| variation | baseline"))
+    assert "Δexact match (%)" in header
+    row = next(line for line in table.splitlines() if line.startswith("| estimator=leaf | estimator=grpo"))
+    column = header.split(" | ").index("Δexact match (%)")
+
+    def matches(variation, seed):
+        return 100 * sum(p == r for p, r in zip(_predictions(variation, seed), REFERENCES)) / len(REFERENCES)
+
+    expected = statistics.mean(matches("leaf", seed) - matches("grpo", seed) for seed in range(5))
+    assert expected != 0  # the fixture's variations differ in exact matches
+    assert row.split(" | ")[column].startswith(f"{expected:+.2f} [")
+    other = write_results(load_study(finished_study(tmp_path / "bleu", [0, 1]))).read_text()
+    assert "exact match" not in other

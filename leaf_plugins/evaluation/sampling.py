@@ -41,12 +41,12 @@ def load_policy(backbone: BackboneConfig, run_dir: str | Path | None = None, hos
     loaded = plugin.load(path=backbone.path, dtype=backbone.dtype, seed=backbone.seed)
     model = loaded.model
     if run_dir is not None:
-        from peft import PeftModel
+        from leaf_plugins.training.lora import load_lora
 
         checkpoint = latest_checkpoint(Path(run_dir))
         if checkpoint is None:
             raise FileNotFoundError(f"{run_dir}: no checkpoint-* directory to evaluate")
-        model = PeftModel.from_pretrained(model, str(checkpoint / "adapter"))
+        model = load_lora(model, str(checkpoint / "adapter"))
     model.eval()
     return Policy(plugin, loaded, model)
 
@@ -62,9 +62,11 @@ def run_to_sample(output_dir: str | Path, checkpoint: Path | None) -> Path | Non
 def sample_groups(
     policy: Policy, examples: Sequence[Example], samples: int, temperature: float = 0.9, top_p: float = 0.9,
     max_new_tokens: int = 200, batch_prompts: int = 8, seed: int = 0, description: str = "sampling",
+    backend: str | None = None,
 ) -> Iterator[Rollout]:
-    """``samples`` responses per example, ``batch_prompts`` examples per ``generate``
-    call (each batch seeded from ``seed`` and its index, so any batch is reproducible)."""
+    """``samples`` responses per example, ``batch_prompts`` examples per rollout (each
+    batch seeded from ``seed`` and its index, so any batch is reproducible), sampled by
+    the rollout ``backend`` (``sample_responses``: None is ``static`` where supported)."""
     starts = range(0, len(examples), batch_prompts)
     device = next(policy.model.parameters()).device
     for number, start in enumerate(tqdm(starts, desc=description, unit="batch")):
@@ -73,17 +75,17 @@ def sample_groups(
         torch.manual_seed(seed * 1_000_003 + number)
         yield sample_responses(policy.model, policy.loaded, {k: v.to(device) for k, v in inputs.items()},
                                group_size=samples, max_new_tokens=max_new_tokens, temperature=temperature,
-                               top_p=top_p, group_ids=list(range(start, start + len(chosen))))
+                               top_p=top_p, group_ids=list(range(start, start + len(chosen))), backend=backend)
 
 
 def sample_predictions(
     policy: Policy, examples: Sequence[Example], runs: int = 1, temperature: float = 0.9, top_p: float = 0.9,
-    max_new_tokens: int = 200, batch_prompts: int = 8, seed: int = 0,
+    max_new_tokens: int = 200, batch_prompts: int = 8, seed: int = 0, backend: str | None = None,
 ) -> list[list[str]]:
     """``runs`` lists of predictions, one per example each: the sampled decoding the
-    paper's metrics are averaged over."""
+    paper's metrics are averaged over (``backend`` as ``sample_groups``)."""
     texts: list[str] = []
     for rollout in sample_groups(policy, examples, runs, temperature, top_p, max_new_tokens, batch_prompts, seed,
-                                 description="evaluating"):
+                                 description="evaluating", backend=backend):
         texts.extend(rollout.texts)  # prompt-major: the runs of one example are consecutive
     return [texts[run::runs] for run in range(runs)]

@@ -28,7 +28,7 @@ BASELINE = "baseline"  # the study subdirectory where starting models are evalua
 
 def evaluate_model(
     backbone: BackboneConfig, run_dir: Path | None, examples: Sequence[Example], settings: EvaluationSettings,
-    out_dir: Path, baseline: Path | None = None,
+    out_dir: Path, baseline: Path | None = None, backend: str | None = None,
 ) -> dict[str, float | str]:
     """Sample ``settings.runs`` predictions per example from the run's newest checkpoint
     (or the starting model when ``run_dir`` is None), write them to ``out_dir`` and return
@@ -36,11 +36,12 @@ def evaluate_model(
 
     :param baseline: a prediction file of the starting model on the same examples; the
         paired BLEU difference from it is then reported as ``delta_bleu``.
+    :param backend: the rollout backend that samples (the run's ``rollout.backend``).
     """
     policy = load_policy(backbone, run_dir)
     references = [example.reference for example in examples]
     runs = sample_predictions(policy, examples, settings.runs, settings.temperature, settings.top_p,
-                              settings.max_new_tokens, settings.batch_prompts, settings.seed)
+                              settings.max_new_tokens, settings.batch_prompts, settings.seed, backend)
     write_predictions(out_dir, examples, runs)
     averaged = average_runs([evaluate_texts(predictions, references, settings.metrics) for predictions in runs])
     metrics: dict[str, float | str] = {

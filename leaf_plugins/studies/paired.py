@@ -2,7 +2,7 @@
 runs' saved files (no model is loaded).
 
 Per run directory: the prediction files ``predictions-run<k>.jsonl`` (every decoding run)
-give per-item BLEU statistics and lengths; ``da_items.csv`` / ``likert_items.csv`` (the
+give per-item BLEU statistics, exact matches and lengths; ``da_items.csv`` / ``likert_items.csv`` (the
 study's judges) give per-item judge scores. A variation's run with seed s is paired with
 the baseline's run with seed s on the same items; ``statistics.hierarchical_bootstrap``
 gives the interval of the mean over seeds.
@@ -19,11 +19,13 @@ import torch
 from leaf_plugins.evaluation.bleu_interval import bleu_from_statistics, bleu_statistics
 from leaf_plugins.evaluation.grading import items_file, read_item_scores
 from leaf_plugins.evaluation.predictions import read_predictions
+from leaf_plugins.rewards import exact_match
 from leaf_plugins.studies.statistics import Interval, SeedStatistic, hierarchical_bootstrap, mean_statistic
 
 __all__ = ["PAIRED_METRICS", "RunItems", "read_run_items", "paired_difference"]
 
-PAIRED_METRICS = {"bleu": "BLEU", "length": "length (words)", "da": "DA 0-100", "likert": "Likert 1-5"}
+PAIRED_METRICS = {"bleu": "BLEU", "exact_match": "exact match (%)", "length": "length (words)", "da": "DA 0-100",
+                  "likert": "Likert 1-5"}
 """Metrics with a paired difference, and their titles."""
 
 JUDGES = ("da", "likert")
@@ -31,11 +33,12 @@ JUDGES = ("da", "likert")
 
 @dataclass
 class RunItems:
-    """Per-item data of one run: ids, BLEU statistics per decoding run, mean length and
-    the judges' item scores (None where no judgment parsed)."""
+    """Per-item data of one run: ids, BLEU statistics per decoding run, exact match and
+    mean length and the judges' item scores (None where no judgment parsed)."""
 
     ids: list[str]
     bleu: torch.Tensor  # [K, n, 10] sacrebleu statistics, one slice per decoding run
+    exact: torch.Tensor  # [n] percent of the decoding runs equal to the reference (the exact_match reward's test)
     length: torch.Tensor  # [n] whitespace tokens, mean over the decoding runs
     judges: dict[str, list[float | None]] = field(default_factory=dict)
 
@@ -53,7 +56,9 @@ def read_run_items(directory: Path) -> RunItems | None:
     bleu = torch.stack([bleu_statistics(run.predictions, run.references) for run in runs])  # [K, n, 10]
     length = torch.tensor([[len(text.split()) for text in run.predictions] for run in runs],
                           dtype=torch.float64).mean(dim=0)  # [n]
-    items = RunItems(ids, bleu, length)
+    exact = 100 * torch.tensor([exact_match(run.predictions, run.references) for run in runs],
+                               dtype=torch.float64).mean(dim=0)  # [n]
+    items = RunItems(ids, bleu, exact, length)
     for name in JUDGES:
         path = directory / items_file(name)
         if path.exists():
@@ -82,6 +87,8 @@ def _seed_statistic(metric: str, ours: RunItems, theirs: RunItems) -> tuple[Seed
         return _bleu_difference(ours.bleu[:runs], theirs.bleu[:runs]), len(ours.ids)
     if metric == "length":
         return mean_statistic(ours.length - theirs.length), len(ours.ids)
+    if metric == "exact_match":
+        return mean_statistic(ours.exact - theirs.exact), len(ours.ids)
     if metric not in ours.judges or metric not in theirs.judges:
         return "not judged (evaluation.judges)"
     pairs = [(a, b) for a, b in zip(ours.judges[metric], theirs.judges[metric]) if a is not None and b is not None]

@@ -146,7 +146,9 @@ def _spread_note(fewest: int) -> str:
 
 
 def _paired_lines(study: Study, by_variation: dict[str, list[dict]], records: dict[str, dict]) -> list[str]:
-    """The table of paired differences to each variation's baseline (records get its fields)."""
+    """The table of paired differences to each variation's baseline (records get its
+    fields): BLEU and length always, held-out exact match when a run trains on the
+    ``exact_match`` reward, the judges' scores when they judged."""
     items = {variation: {row["seed"]: read_run_items(Path(row["directory"])) for row in chosen}
              for variation, chosen in by_variation.items()}
     items = {v: {s: found for s, found in runs.items() if found is not None} for v, runs in items.items()}
@@ -154,8 +156,10 @@ def _paired_lines(study: Study, by_variation: dict[str, list[dict]], records: di
     target = study.config.compare_to or study.variations[0]
     if not any(baseline and baseline != variation for variation, baseline in baselines.items()):
         return []
-    metrics = [key for key in PAIRED_METRICS if key in ("bleu", "length") or any(
-        key in found.judges for runs in items.values() for found in runs.values())]
+    trained_on_exact_match = any(run.config.reward == "exact_match" for run in study.runs)
+    metrics = [key for key in PAIRED_METRICS if key in ("bleu", "length")
+               or (key == "exact_match" and trained_on_exact_match)
+               or any(key in found.judges for runs in items.values() for found in runs.values())]
     header = ["variation", "baseline", "seeds paired", *(f"Δ{PAIRED_METRICS[key]}" for key in metrics),
               "interval over"]
     lines = ["", f"Paired difference vs {target} (same seeds, same items): mean over seeds of the per-seed "

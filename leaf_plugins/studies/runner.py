@@ -92,7 +92,8 @@ def _evaluate_start(study: Study, config: TrainConfig, held_out: list[Example]) 
     directory = baseline_dir(study, config)
     if not (directory / EVALUATION).exists():
         tqdm.write(f"evaluating the starting model (no RL) -> {directory}")
-        metrics = evaluate_model(config.backbone, None, held_out, study.config.evaluation, directory)
+        metrics = evaluate_model(config.backbone, None, held_out, study.config.evaluation, directory,
+                                 backend=config.rollout.backend)
         (directory / EVALUATION).write_text(json.dumps(metrics, indent=1))
     return directory / PREDICTIONS
 
@@ -118,7 +119,8 @@ def _evaluate(study: Study, run: PlannedRun, host: PluginHost, cache: dict) -> N
     held_out = _examples(host, config, settings.split, cache)[: settings.limit]
     baseline = _evaluate_start(study, config, held_out) if study.config.baseline else None
     started = time.perf_counter()
-    metrics = evaluate_model(config.backbone, run.directory, held_out, settings, run.directory, baseline)
+    metrics = evaluate_model(config.backbone, run.directory, held_out, settings, run.directory, baseline,
+                             backend=config.rollout.backend)
     metrics.update(training_summary(run.directory, settings))
     times = run.directory / TIMES
     metrics.update({"variation": run.variation, "seed": run.seed,

@@ -12,7 +12,17 @@ from peft import LoraConfig, PeftModel, get_peft_model
 
 from leaf_plugins.backbones.base import LoadedBackbone
 
-__all__ = ["attach_lora", "reference_policy", "lora_state"]
+__all__ = ["attach_lora", "load_lora", "reference_policy", "lora_state"]
+
+
+@contextlib.contextmanager
+def _quiet_peft_wrapping() -> Iterator[None]:
+    """peft reads the model's ``is_gradient_checkpointing`` when it wraps a model, which
+    transformers 5.23 deprecated in favour of ``is_activation_checkpointing``: without
+    this, a FutureWarning on every wrap (every run, every evaluated checkpoint)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
 
 
 def attach_lora(loaded: LoadedBackbone, rank: int = 64, alpha: int = 128, dropout: float = 0.05) -> PeftModel:
@@ -22,11 +32,15 @@ def attach_lora(loaded: LoadedBackbone, rank: int = 64, alpha: int = 128, dropou
     that the disabled-adapter reference is the model users actually run."""
     config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=loaded.spec.lora_targets,
                         bias="none")
-    with warnings.catch_warnings():
-        # peft reads the model's is_gradient_checkpointing, which transformers 5.23 deprecated
-        # in favour of is_activation_checkpointing (a FutureWarning on every run otherwise)
-        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+    with _quiet_peft_wrapping():
         return get_peft_model(loaded.model, config)
+
+
+def load_lora(model: torch.nn.Module, adapter_dir: str) -> PeftModel:
+    """``model`` with the LoRA adapter saved in ``adapter_dir`` (a checkpoint's
+    ``adapter/``) attached."""
+    with _quiet_peft_wrapping():
+        return PeftModel.from_pretrained(model, adapter_dir)
 
 
 @contextlib.contextmanager

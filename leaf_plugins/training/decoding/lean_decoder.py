@@ -19,7 +19,7 @@ import torch
 from leaf_plugins.training.decoding.attention import prompt_attention, prompt_attention_bias, shared_prefix_attention
 from leaf_plugins.training.decoding.family import DecoderFamily
 from leaf_plugins.training.decoding.kv_buffers import KVBuffers
-from leaf_plugins.training.decoding.projections import projection
+from leaf_plugins.training.decoding.projections import fused_linear, projection
 
 __all__ = ["LeanDecoder", "rotate"]
 
@@ -31,26 +31,38 @@ class _LayerCalls:
     """One decoder layer's submodules as the loop calls them (``projections.py``)."""
 
     input_norm: Call
-    query: Call
-    key: Call
-    value: Call
+    query_key_value: Callable[[torch.Tensor], list[torch.Tensor]]  # the three projections of one input
     output: Call
     post_norm: Call
     mlp: Call
 
     @classmethod
-    def of(cls, layer: torch.nn.Module, gated_mlp: bool) -> "_LayerCalls":
+    def of(cls, layer: torch.nn.Module, gated_mlp: bool, fold: bool) -> "_LayerCalls":
+        """``fold``: one folded matrix product per input (``fused_linear``) wherever the
+        layers allow it, else each projection as ``projection`` gives it."""
         attention, mlp = layer.self_attn, layer.mlp
+        query_key_value = _fused([attention.q_proj, attention.k_proj, attention.v_proj], fold)
         if gated_mlp:  # the family's MLP forward, down(act(gate(x)) * up(x)), over its own projections
-            gate, up, down, act = projection(mlp.gate_proj), projection(mlp.up_proj), projection(mlp.down_proj), mlp.act_fn
+            gate_up, down, act = _fused([mlp.gate_proj, mlp.up_proj], fold), _fused([mlp.down_proj], fold), mlp.act_fn
 
             def feed_forward(x: torch.Tensor) -> torch.Tensor:
-                return down(act(gate(x)) * up(x))
+                gate, up = gate_up(x)
+                return down(act(gate) * up)[0]
         else:
             feed_forward = mlp
-        return cls(layer.input_layernorm, projection(attention.q_proj), projection(attention.k_proj),
-                   projection(attention.v_proj), projection(attention.o_proj), layer.post_attention_layernorm,
+        output = _fused([attention.o_proj], fold)
+        return cls(layer.input_layernorm, query_key_value, lambda x: output(x)[0], layer.post_attention_layernorm,
                    feed_forward)
+
+
+def _fused(modules: list[torch.nn.Module], fold: bool) -> Callable[[torch.Tensor], list[torch.Tensor]]:
+    """The outputs of ``modules`` (which read one input) from one folded product when
+    ``fold`` and they allow it, else one call each."""
+    fused = fused_linear(modules) if fold else None
+    if fused is not None:
+        return fused
+    calls = [projection(module) for module in modules]
+    return lambda x: [call(x) for call in calls]
 
 
 def rotate(states: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
@@ -65,12 +77,17 @@ def rotate(states: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) ->
 class LeanDecoder:
     """The prefill of the prompts and the one-token decode step of every row."""
 
-    def __init__(self, family: DecoderFamily) -> None:
+    def __init__(self, family: DecoderFamily, fold: bool = False) -> None:
         """Build it where the weights it runs with are in place (inside
-        ``gathered_for_generation`` under FSDP2): the adapter state is read here."""
+        ``gathered_for_generation`` under FSDP2): the adapter state is read here.
+
+        :param fold: compute each layer's LoRA-folded, concatenated projection weights
+            once (``projections.fused_linear``: a copy of the layers' weights) and run
+            one product per input; False runs the model's own projections.
+        """
         self.family = family
         self.embed = family.decoder.get_input_embeddings()
-        self.layers = [_LayerCalls.of(layer, family.gated_mlp) for layer in family.layers]
+        self.layers = [_LayerCalls.of(layer, family.gated_mlp, fold) for layer in family.layers]
         self.cos: torch.Tensor | None = None  # [positions, d] in the model's dtype
         self.signed_sin: torch.Tensor | None = None  # [positions, d]: sin, its first half negated
 
@@ -108,10 +125,10 @@ class LeanDecoder:
         hidden = self._embedded(embeddings)
         all_keys, all_values = [], []
         for layer in self.layers:
-            normed = layer.input_norm(hidden)
-            query = layer.query(normed).view(prompts, width, family.heads, family.head_dim).transpose(1, 2)
-            keys = layer.key(normed).view(prompts, width, family.kv_heads, family.head_dim).transpose(1, 2)
-            values = layer.value(normed).view(prompts, width, family.kv_heads, family.head_dim).transpose(1, 2)
+            query, keys, values = layer.query_key_value(layer.input_norm(hidden))
+            query = query.view(prompts, width, family.heads, family.head_dim).transpose(1, 2)
+            keys = keys.view(prompts, width, family.kv_heads, family.head_dim).transpose(1, 2)
+            values = values.view(prompts, width, family.kv_heads, family.head_dim).transpose(1, 2)
             query, keys, values = rotate(query, cos, sin), rotate(keys, cos, sin).contiguous(), values.contiguous()
             all_keys.append(keys)
             all_values.append(values)
@@ -142,10 +159,10 @@ class LeanDecoder:
             span, dtype=torch.float32, device=tokens.device).masked_fill_(span_positions[:span] > slot, float("-inf"))
         hidden = self._embedded(self.embed(tokens))  # [N, H]
         for index, layer in enumerate(self.layers):
-            normed = layer.input_norm(hidden)
-            query = rotate(layer.query(normed).view(rows, family.heads, family.head_dim), cos, sin)
-            keys = rotate(layer.key(normed).view(rows, family.kv_heads, family.head_dim), cos, sin)
-            values = layer.value(normed).view(rows, family.kv_heads, family.head_dim)
+            query, keys, values = layer.query_key_value(layer.input_norm(hidden))
+            query = rotate(query.view(rows, family.heads, family.head_dim), cos, sin)
+            keys = rotate(keys.view(rows, family.kv_heads, family.head_dim), cos, sin)
+            values = values.view(rows, family.kv_heads, family.head_dim)
             buffers.keys[index].index_copy_(2, slot, keys.unsqueeze(2))
             buffers.values[index].index_copy_(2, slot, values.unsqueeze(2))
             attended = shared_prefix_attention(query, buffers.prefix_keys[index], buffers.prefix_values[index],

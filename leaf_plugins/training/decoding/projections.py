@@ -10,6 +10,13 @@ same operations in the same order (bit-identical, tested) straight from the laye
 weights, for a LoRA layer in the plain state the loop runs in; any other layer (peft in
 another state or variant, a quantised base, hooks) is called as the module itself.
 The adapter stays attached either way: nothing is merged into the base weights.
+
+Where a decode step is per-operator overhead (the CPU, small models), ``fused_linear``
+goes further: it computes the layer's one linear map ``W + Σ scaling · B A`` once per
+rollout into a *copy* (float32 sums, the base weights untouched) and concatenates the
+maps that read the same input (query, key and value; gate and up), so a LoRA layer's
+five operations become one matrix product shared with its neighbours. The result
+differs from the adapter's own order of operations by float rounding only (tested).
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-__all__ = ["projection", "is_plain_lora"]
+__all__ = ["projection", "is_plain_lora", "folded_map", "fused_linear"]
 
 
 def _has_hooks(*modules: torch.nn.Module) -> bool:
@@ -77,5 +84,47 @@ def projection(module: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor
                 x = x.to(dtype=a_weight.dtype)
             result = result + F.linear(F.linear(x, a_weight, a_bias), b_weight, b_bias) * scaling
         return result if result.dtype == dtype else result.to(dtype)
+
+    return forward
+
+
+def folded_map(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """``(weight [out, in], bias [out] or None)`` of the one linear map ``module``
+    applies: a plain ``nn.Linear``'s own tensors, or for a plain LoRA layer
+    (``is_plain_lora``) a new tensor ``W + Σ_active scaling · B A`` summed in float32 and
+    rounded once to ``W``'s dtype, with the base's bias; None for anything else (an
+    adapter with biases included)."""
+    if type(module) is torch.nn.Linear and not _has_hooks(module):
+        return module.weight, module.bias
+    if not is_plain_lora(module):
+        return None
+    base = module.get_base_layer()
+    total = base.weight.detach().to(torch.float32, copy=True)  # [out, in]
+    for name in module.active_adapters:
+        if name not in module.lora_A:
+            continue
+        down, up = module.lora_A[name], module.lora_B[name]
+        if down.bias is not None or up.bias is not None:
+            return None
+        total.addmm_(up.weight.float(), down.weight.float(), alpha=module.scaling[name])
+    return total.to(base.weight.dtype), base.bias
+
+
+def fused_linear(modules: list[torch.nn.Module]) -> Callable[[torch.Tensor], list[torch.Tensor]] | None:
+    """One matrix product for ``modules`` that all read the same input: a function
+    returning their outputs (views of one ``[.., Σ out]`` tensor, in order), from their
+    folded maps (``folded_map``) concatenated once; None when one of them cannot be
+    folded."""
+    maps = [folded_map(module) for module in modules]
+    if any(found is None for found in maps):
+        return None
+    weight = torch.cat([found[0] for found in maps]) if len(maps) > 1 else maps[0][0]  # [Σ out, in]
+    sizes = [found[0].shape[0] for found in maps]
+    biases = [found[1] for found in maps]
+    bias = None if all(b is None for b in biases) else torch.cat(
+        [torch.zeros(size, dtype=weight.dtype, device=weight.device) if b is None else b for b, size in zip(biases, sizes)])
+
+    def forward(x: torch.Tensor) -> list[torch.Tensor]:
+        return list(F.linear(x, weight, bias).split(sizes, dim=-1))
 
     return forward
