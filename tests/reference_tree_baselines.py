@@ -232,11 +232,16 @@ def score_products(group: list[Response], j: int, t: int, values: list[list[floa
     return total
 
 
-def tree_weights(groups: list[list[Response]], base, move, confidence=1.0, min_groups=3) -> list[list[float]]:
-    """``tree_weight: auto``: per group and kind of state (bin of ``1 − Σπ²``), the weight
-    learnt from the other groups (docs/estimators.md), one token at a time."""
+SIZE_FLOOR, CARRY_FLOOR, BELOW_FLOOR = 1e-4, 1e-9, 1e-12
+"""The rule's thresholds (``mixing_weights``): a group's Z against the largest, a group's
+D/Z for carrying a kind, the others' summed D/Z."""
+
+
+def _weight_statistics(groups: list[list[Response]], base, move):
+    """Per group ``(N/Z per kind, D/Z per kind)`` (zeros for an uninformative group), the
+    groups' Z, whether each is usable (rewards not all equal) and the largest usable Z."""
     kinds = len(KAPPA_EDGES) + 1
-    stats = []
+    stats, sizes, spread = [], [], []
     for g, group in enumerate(groups):
         cross, square, size = [0.0] * kinds, [0.0] * kinds, 0.0
         for j, r in enumerate(group):
@@ -247,16 +252,53 @@ def tree_weights(groups: list[list[Response]], base, move, confidence=1.0, min_g
                 square[k] += move[g][j][t] * score_products(group, j, t, move[g])
                 size += base[g][j][t] * kernel_base
         rewards = [r.reward for r in group]
-        scale = 1 / size if max(rewards) > min(rewards) and size > 0 else 0.0
-        stats.append(([x * scale for x in cross], [x * scale for x in square]))
+        stats.append((cross, square))
+        sizes.append(size)
+        spread.append(max(rewards) > min(rewards))
+    largest = max([z for z, usable in zip(sizes, spread) if usable], default=0.0)
+    for g, (cross, square) in enumerate(stats):  # a group whose Z is at most SIZE_FLOOR of the largest says nothing
+        scale = 1 / sizes[g] if spread[g] and sizes[g] > SIZE_FLOOR * largest else 0.0
+        stats[g] = ([x * scale for x in cross], [x * scale for x in square])
+    return stats, sizes, spread, largest
+
+
+def weights_near_thresholds(groups: list[list[Response]], factor: float = 10.0) -> bool:
+    """Whether one of the rule's threshold decisions is within ``factor`` of its
+    threshold for these groups: there float32 and float64 may rightly decide otherwise
+    (the weight then jumps between 0 and a fitted value)."""
+    base = otb_part(groups)
+    tree = tree_part(groups)
+    move = [[[a - b for a, b in zip(t_row, o_row)] for t_row, o_row in zip(tg, og)] for tg, og in zip(tree, base)]
+    stats, sizes, spread, largest = _weight_statistics(groups, base, move)
+
+    def near(value: float, threshold: float) -> bool:
+        return threshold / factor < abs(value) < threshold * factor
+
+    if any(usable and largest > 0 and near(z / largest, SIZE_FLOOR) for z, usable in zip(sizes, spread)):
+        return True
+    kinds = len(KAPPA_EDGES) + 1
+    for k in range(kinds):
+        if any(near(s[1][k], CARRY_FLOOR) for s in stats):
+            return True
+        total = sum(s[1][k] for s in stats)
+        if any(near(total - s[1][k], BELOW_FLOOR) for s in stats):
+            return True
+    return False
+
+
+def tree_weights(groups: list[list[Response]], base, move, confidence=1.0, min_groups=3) -> list[list[float]]:
+    """``tree_weight: auto``: per group and kind of state (bin of ``1 − Σπ²``), the weight
+    learnt from the other groups (docs/estimators.md), one token at a time."""
+    kinds = len(KAPPA_EDGES) + 1
+    stats = _weight_statistics(groups, base, move)[0]
     out = []
     for g in range(len(groups)):
         row = []
         for k in range(kinds):
             others = [stats[h] for h in range(len(groups)) if h != g]
             below = sum(s[1][k] for s in others)
-            carrying = sum(1 for s in others if s[1][k] > 1e-9)
-            if below <= 1e-12 or carrying < min_groups:
+            carrying = sum(1 for s in others if s[1][k] > CARRY_FLOOR)
+            if below <= BELOW_FLOOR or carrying < min_groups:
                 row.append(0.0)
                 continue
             fitted = -sum(s[0][k] for s in others) / below

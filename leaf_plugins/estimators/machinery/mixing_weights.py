@@ -24,7 +24,8 @@ own size, since what counts is each group's gradient direction, not the largest 
 less ``CONFIDENCE`` times its standard error over those groups, clipped to ``[0, 1]``, and
 0 where fewer than ``MIN_GROUPS`` of them carry the kind. Neither depends on group
 ``g``'s responses; a group whose rewards are all equal says nothing, so a batch of one
-group, or of too few informative ones, gets OTB's advantage (weight 0).
+group, or of too few informative ones, gets OTB's advantage (weight 0); a group whose
+``Z_h`` is under ``SIZE_FLOOR`` of the batch's largest counts as uninformative too.
 
 In the scores' inner product, ``[a = b] − π_a − π_b + Σπ²`` is ``w_a = 2 u_a − v`` for
 ``a = b`` and ``u_a + u_b − v − 1`` otherwise, with ``u = 1 − π`` and ``v = 1 − Σπ²``: float32
@@ -38,7 +39,7 @@ import torch
 
 from leaf_plugins.estimators.machinery.state_sums import StateRuns
 
-__all__ = ["kernel_statistics", "cross_fitted_weights", "CONFIDENCE", "MIN_GROUPS"]
+__all__ = ["kernel_statistics", "cross_fitted_weights", "CONFIDENCE", "MIN_GROUPS", "SIZE_FLOOR"]
 
 CONFIDENCE = 1.0
 """Standard errors subtracted from each learnt weight: the other groups' estimate of
@@ -49,6 +50,14 @@ MIN_GROUPS = 3
 """Other groups that must carry a kind of state (tokens of that kind where the two
 advantages differ) before its weight is learnt; with fewer it is 0. A fit on one or two
 groups has no usable standard error, and such weights cost the most (docs/estimators.md)."""
+
+
+SIZE_FLOOR = 1e-4
+"""A group whose ``Z_h = Q_h(0)`` is at most this share of the batch's largest says
+nothing: its OTB advantages are under 1% of the largest group's (rewards nearly
+equal), where their float32 rounding (about 6e-8 of the rewards' scale) is no longer
+small against them, and dividing by ``Z_h`` would let that noise move every weight
+(measured: with 1e-6 a group at 1.8e-6 moved a learnt weight from 0.102 to 0.108)."""
 
 
 @torch.inference_mode()
@@ -85,7 +94,9 @@ def cross_fitted_weights(statistics: torch.Tensor, usable: torch.Tensor, confide
     the other groups' ``statistics`` (``kernel_statistics``) whose ``usable [G]`` is true
     (see the module); 0 where the others say nothing."""
     size = statistics[:, :, 2].sum(dim=1)  # [G] Z_h = Q_h(0)
-    scale = torch.where(usable & (size > 0), 1 / size.clamp(min=1e-300), 0.0).unsqueeze(1)  # [G, 1]
+    largest = torch.where(usable, size, 0.0).max() if size.numel() else size.new_zeros(())
+    informative = usable & (size > SIZE_FLOOR * largest)  # [G] (Z_h = 0 when the largest is 0)
+    scale = torch.where(informative, 1 / size.clamp(min=1e-300), 0.0).unsqueeze(1)  # [G, 1]
     cross, square = (statistics[:, :, 0] * scale), (statistics[:, :, 1] * scale)  # [G, kinds] N/Z, D/Z
 
     def others(values: torch.Tensor) -> torch.Tensor:
