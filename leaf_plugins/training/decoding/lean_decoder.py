@@ -19,7 +19,7 @@ import torch
 from leaf_plugins.training.decoding.attention import prompt_attention, prompt_attention_bias, shared_prefix_attention
 from leaf_plugins.training.decoding.family import DecoderFamily
 from leaf_plugins.training.decoding.kv_buffers import KVBuffers
-from leaf_plugins.training.decoding.projections import fused_linear, projection
+from leaf_plugins.training.decoding.projections import folded_linear, fused_linear, projection
 
 __all__ = ["LeanDecoder", "rotate"]
 
@@ -43,16 +43,15 @@ class _LayerCalls:
         attention, mlp = layer.self_attn, layer.mlp
         query_key_value = _fused([attention.q_proj, attention.k_proj, attention.v_proj], fold)
         if gated_mlp:  # the family's MLP forward, down(act(gate(x)) * up(x)), over its own projections
-            gate_up, down, act = _fused([mlp.gate_proj, mlp.up_proj], fold), _fused([mlp.down_proj], fold), mlp.act_fn
+            gate_up, down, act = _fused([mlp.gate_proj, mlp.up_proj], fold), _single(mlp.down_proj, fold), mlp.act_fn
 
             def feed_forward(x: torch.Tensor) -> torch.Tensor:
                 gate, up = gate_up(x)
-                return down(act(gate) * up)[0]
+                return down(act(gate) * up)
         else:
             feed_forward = mlp
-        output = _fused([attention.o_proj], fold)
-        return cls(layer.input_layernorm, query_key_value, lambda x: output(x)[0], layer.post_attention_layernorm,
-                   feed_forward)
+        return cls(layer.input_layernorm, query_key_value, _single(attention.o_proj, fold),
+                   layer.post_attention_layernorm, feed_forward)
 
 
 def _fused(modules: list[torch.nn.Module], fold: bool) -> Callable[[torch.Tensor], list[torch.Tensor]]:
@@ -63,6 +62,13 @@ def _fused(modules: list[torch.nn.Module], fold: bool) -> Callable[[torch.Tensor
         return fused
     calls = [projection(module) for module in modules]
     return lambda x: [call(x) for call in calls]
+
+
+def _single(module: torch.nn.Module, fold: bool) -> Call:
+    """``module``'s output from its folded product when ``fold`` and it allows it (no
+    split of a one-part output on the decode step's path), else as ``projection`` gives it."""
+    folded = folded_linear(module) if fold else None
+    return folded if folded is not None else projection(module)
 
 
 def rotate(states: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

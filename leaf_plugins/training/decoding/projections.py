@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-__all__ = ["projection", "is_plain_lora", "folded_map", "fused_linear"]
+__all__ = ["projection", "is_plain_lora", "folded_map", "folded_linear", "fused_linear"]
 
 
 def _has_hooks(*modules: torch.nn.Module) -> bool:
@@ -108,6 +108,16 @@ def folded_map(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | No
             return None
         total.addmm_(up.weight.float(), down.weight.float(), alpha=module.scaling[name])
     return total.to(base.weight.dtype), base.bias
+
+
+def folded_linear(module: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """``module``'s forward as one product over its folded map (``folded_map``); None
+    when it cannot be folded."""
+    found = folded_map(module)
+    if found is None:
+        return None
+    weight, bias = found
+    return lambda x: F.linear(x, weight, bias)
 
 
 def fused_linear(modules: list[torch.nn.Module]) -> Callable[[torch.Tensor], list[torch.Tensor]] | None:
