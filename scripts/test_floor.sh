@@ -16,6 +16,7 @@ FLOOR_TESTS=(
   tests/test_rollout_shared_audio.py
   tests/test_rollout_static.py
   tests/test_selected_logprobs.py
+  tests/test_teacher_forcing.py  # the cache keyword: past_key_values (5.15) or cache (5.2x)
   # training: LoRA (peft), accelerate, activation checkpointing, checkpoints and resume
   tests/test_training_lora.py
   tests/test_training_loss.py

@@ -9,7 +9,7 @@ Two distributions are involved at every sampled position:
 
 ``logprobs`` (π_old in the loss ratio) and ``sum_pi_squared`` (Σ_v π_old(v)², which the
 variance-aware estimators read) are always under the policy distribution, which is
-what ``response_logprobs`` computes for π_θ and π_ref, so the ratio is 1 before the first
+what ``response_logprobs`` (``teacher_forcing.py``) computes for π_θ and π_ref, so the ratio is 1 before the first
 update (up to the rounding of the two computations, see docs/training.md).
 ``surprisal_from`` chooses the distribution of the surprisal LEAF uses to pick
 boundaries: ``"sampling"`` (the default, as the authors' code: after temperature and
@@ -31,10 +31,9 @@ from leaf_plugins.backbones.base import LoadedBackbone
 from leaf_plugins.core.stages import Rollout
 from leaf_plugins.training.decoding.static_rollout import static_rollout
 from leaf_plugins.training.generate_rollout import generate_rollout
-from leaf_plugins.training.prompt_embedding import embed_prompts, head_on_positions, prompt_embeddings_in_front
 from leaf_plugins.training.rollout_assembly import SURPRISAL_SOURCES, assemble_rollout, audio_token_ids
 from leaf_plugins.training.rollout_backend import resolve_backend
-from leaf_plugins.training.selected_logprobs import selected_logprobs
+from leaf_plugins.training.teacher_forcing import response_logprobs
 
 __all__ = ["Rollout", "sample_responses", "assemble_rollout", "response_logprobs", "audio_token_ids",
            "SURPRISAL_SOURCES"]
@@ -66,39 +65,3 @@ def sample_responses(
         raise ValueError(f"surprisal_from must be one of {SURPRISAL_SOURCES}, got {surprisal_from!r}")
     sample = static_rollout if resolve_backend(model, backend) == "static" else generate_rollout
     return sample(model, loaded, inputs, group_size, max_new_tokens, temperature, top_p, surprisal_from, group_ids)
-
-
-def response_logprobs(
-    model: torch.nn.Module,
-    inputs: dict[str, torch.Tensor],
-    responses: torch.Tensor,
-    lengths: torch.Tensor,
-    prompt_index: torch.Tensor,
-    temperature: float = 1.0,
-) -> torch.Tensor:
-    """``[N, T]`` float32 log-probabilities of the response tokens under the policy
-    distribution (logits / temperature), teacher forced, 0 on padding; differentiable.
-
-    The prompts' embeddings (``inputs["inputs_embeds"]``, or computed here once per
-    prompt) are shared by their responses; the output head runs on the ``T`` predicting
-    positions only and the log-softmax is taken in chunks (``selected_logprobs``).
-
-    :param inputs: the prompts' model inputs (left padded), one row per prompt.
-    :param responses: ``[N, T]`` response token ids, ``-1`` on padding.
-    :param prompt_index: ``[N]`` the prompt row of each response.
-    """
-    embeddings = inputs["inputs_embeds"] if "inputs_embeds" in inputs else embed_prompts(model, inputs)  # [P, L, H]
-    device = embeddings.device
-    responses, lengths, prompt_index = responses.to(device), lengths.to(device), prompt_index.to(device)
-    width = responses.shape[1]
-    real = torch.arange(width, device=device).unsqueeze(0) < lengths.unsqueeze(1)  # [N, T]
-    tokens = torch.where(real, responses, 0)  # [N, T]
-    prompt_ids, prompt_mask = inputs["input_ids"][prompt_index], inputs["attention_mask"][prompt_index]  # [N, P]
-    prompt_width = prompt_ids.shape[1]
-    ids = torch.cat([prompt_ids, tokens], dim=1)  # [N, P+T]; the prompt part is replaced by its embeddings
-    mask = torch.cat([prompt_mask, real.to(prompt_mask.dtype)], dim=1)  # [N, P+T]
-    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # as generate computes them for left padding
-    with prompt_embeddings_in_front(model, embeddings[prompt_index]), \
-            head_on_positions(model, slice(prompt_width - 1, prompt_width + width - 1)):
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits  # [N, T, V]
-    return torch.where(real, selected_logprobs(logits, tokens, temperature), 0.0)

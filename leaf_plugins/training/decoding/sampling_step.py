@@ -44,8 +44,8 @@ class SamplingStep:
         self.temperature = temperature
         self.top_p = top_p
         banned_ids = [token for token in banned if 0 <= token < vocab_size]
-        self.banned = torch.zeros(vocab_size, dtype=torch.bool, device=device)  # [V]
-        self.banned[banned_ids] = True
+        self.ban = torch.zeros(vocab_size, dtype=torch.float32, device=device)  # [V]: -inf on banned ids, else 0
+        self.ban[banned_ids] = float("-inf")
         self.any_banned = bool(banned_ids)
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
@@ -53,7 +53,7 @@ class SamplingStep:
     def sampling_scores(self, scaled: torch.Tensor) -> torch.Tensor:
         """``[N, V]`` scores of the sampling distribution q (``-inf`` outside it), from
         the ``[N, V]`` float32 logits divided by the temperature."""
-        scores = scaled.masked_fill(self.banned, float("-inf")) if self.any_banned else scaled
+        scores = scaled + self.ban if self.any_banned else scaled  # x + 0 is x: the same scores as a masked fill
         if self.top_p >= 1.0:
             return scores
         ordered = _sorted_values(scores)  # [N, V] ascending
@@ -68,14 +68,14 @@ class SamplingStep:
         scaled = logits / self.temperature if self.temperature != 1.0 else logits
         policy = torch.log_softmax(scaled, dim=-1)  # [N, V]
         sum_pi_squared = policy.mul(2).exp_().sum(dim=-1)  # [N]
-        sampling = torch.log_softmax(self.sampling_scores(scaled), dim=-1)  # [N, V]
-        race = sampling.exp().div_(torch.rand_like(sampling).log_())  # -q(v) / E_v
+        sampling = torch.softmax(self.sampling_scores(scaled), dim=-1)  # [N, V] q (exp of -inf is slow on the CPU)
+        race = sampling / torch.rand_like(sampling).log_()  # -q(v) / E_v
         token = race.argmin(dim=-1).masked_fill_(state.finished, self.pad_token_id)  # [N]
         chosen = token.unsqueeze(1)  # [N, 1]
         column = state.column
         state.generated.index_copy_(1, column, chosen)
         state.logprobs.index_copy_(1, column, policy.gather(1, chosen))
-        state.sampling_logprobs.index_copy_(1, column, sampling.gather(1, chosen))
+        state.sampling_logprobs.index_copy_(1, column, sampling.gather(1, chosen).log_())
         state.sum_pi_squared.index_copy_(1, column, sum_pi_squared.unsqueeze(1))
         state.finished.logical_or_(token == self.eos_token_id)
         state.tokens.copy_(token)
