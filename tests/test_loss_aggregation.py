@@ -34,8 +34,9 @@ def trainer(tmp_path_factory):
     return Trainer(run, examples(PROMPTS), host=host())
 
 
-def by_hand(trainer, aggregation: str) -> dict[str, torch.Tensor]:
-    """The aggregation written out over the whole step in one pass."""
+def by_hand(trainer, aggregation: str, old_logprobs: str = "rollout") -> dict[str, torch.Tensor]:
+    """The aggregation written out over the whole step in one pass; π_old from the rollout
+    or, with ``old_logprobs="teacher_forced"``, the pass itself (detached)."""
     context, rollout, batch, advantages = fixed_step(trainer, examples(PROMPTS))
     optim, inputs = trainer.config.optim, context.inputs
     mask = batch.mask
@@ -43,7 +44,7 @@ def by_hand(trainer, aggregation: str) -> dict[str, torch.Tensor]:
         reference = response_logprobs(trainer.policy, inputs, batch.tokens, batch.lengths, rollout.prompt_index)
     trainer.optimizer.zero_grad()
     current = response_logprobs(trainer.policy, inputs, batch.tokens, batch.lengths, rollout.prompt_index)
-    ratio = torch.exp(current - batch.logprobs)
+    ratio = torch.exp(current - (current.detach() if old_logprobs == "teacher_forced" else batch.logprobs))
     clipped = ratio.clamp(1 - optim.clip_epsilon, 1 + optim.clip_epsilon)
     surrogate = torch.minimum(ratio * advantages, clipped * advantages)
     k3 = torch.exp(reference - current) - (reference - current) - 1
@@ -77,6 +78,27 @@ def test_one_and_three_micro_batches_give_the_step_gradient(trainer, aggregation
                                        msg=lambda m, name=name: f"{name}: {m}")
     lengths = fixed_step(trainer, examples(PROMPTS))[2].lengths
     assert len(set(lengths.tolist())) > 1  # the groups differ in length: a per-micro-batch mean would differ
+
+
+def test_teacher_forced_old_logprobs_take_pi_old_from_the_update_pass(trainer):
+    """``optim.old_logprobs: teacher_forced``: the ratio is exactly 1 (π_old is the pass's
+    own detached log π), so no token clips and the gradient is that of A·log π plus the KL
+    term; the fixed step's rollout log π are 0.1 off, so the default gives another one."""
+    expected = by_hand(trainer, "token_mean", old_logprobs="teacher_forced")
+    from_rollout = by_hand(trainer, "token_mean")
+    trainer.config.optim.loss_aggregation, trainer.config.optim.micro_batch_prompts = "token_mean", 1
+    trainer.config.optim.old_logprobs = "teacher_forced"
+    try:
+        got = step_gradient(trainer, examples(PROMPTS))
+    finally:
+        trainer.config.optim.old_logprobs = "rollout"
+    differs = False
+    for name in expected:
+        scale = float(expected[name].abs().max())  # the reordered float32 sums' bound, as above
+        torch.testing.assert_close(got[name], expected[name], rtol=0, atol=1e-5 * scale,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+        differs |= bool((from_rollout[name] - expected[name]).abs().max() > 1e-2 * scale)
+    assert differs
 
 
 def test_activation_checkpointing_gives_the_same_gradient(tmp_path):

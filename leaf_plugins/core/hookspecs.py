@@ -162,7 +162,8 @@ class LeafSpecs:
         mask: torch.Tensor,
         weights: torch.Tensor,
     ) -> PolicyLoss | None:
-        """The loss of one micro-batch (all ``[M, T]``: log π_θ (differentiable), log π_old,
+        """The loss of one micro-batch (all ``[M, T]``: log π_θ (differentiable), log π_old
+        (the rollout's, or the detached log π_θ with ``optim.old_logprobs: teacher_forced``),
         log π_ref, advantages, the bool mask of response tokens, and each token's weight
         in the step's loss, normalised over the whole step as ``optim.loss_aggregation``
         says: a micro-batch's loss is its share, and the step's gradient is their sum).

@@ -12,6 +12,7 @@ from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.training.aggregation import LOSS_AGGREGATIONS
 from leaf_plugins.training.estimator_switch import announce_dropped, apply_layer, estimator_problems
 from leaf_plugins.training.finite import NONFINITE_REWARD_POLICIES
+from leaf_plugins.training.loss import OLD_LOGPROB_SOURCES
 from leaf_plugins.training.ranges import RUN_RANGES
 from leaf_plugins.training.rollout import SURPRISAL_SOURCES
 from leaf_plugins.training.rollout_backend import ROLLOUT_BACKENDS
@@ -64,6 +65,7 @@ class OptimConfig:
     kl_coefficient: float = 0.02
     loss_aggregation: str = "token_mean"  # token_mean (paper Eq. 1), sequence_mean (GRPO), constant (Dr. GRPO)
     activation_checkpointing: bool = False  # recompute the language model's activations in the backward pass
+    old_logprobs: str = "rollout"  # π_old: the rollout's log π, or teacher_forced (the update's own pass, detached)
 
 
 @dataclass
@@ -140,6 +142,8 @@ def train_validators(host: PluginHost, prefix: str = "") -> dict[str, Callable[[
         else f"must be one of {', '.join(ROLLOUT_BACKENDS)} (or unset: static where the model supports it)",
         "optim.loss_aggregation": lambda value: None if value in LOSS_AGGREGATIONS
         else f"must be one of {', '.join(LOSS_AGGREGATIONS)}",
+        "optim.old_logprobs": lambda value: None if value in OLD_LOGPROB_SOURCES
+        else f"must be one of {', '.join(OLD_LOGPROB_SOURCES)}",
     }
     return {prefix + key: check for key, check in {**RUN_RANGES, **checks}.items()}
 

@@ -6,7 +6,13 @@ import torch
 
 from leaf_plugins.core.stages import PolicyLoss
 
-__all__ = ["PolicyLoss", "policy_loss"]
+__all__ = ["PolicyLoss", "policy_loss", "OLD_LOGPROB_SOURCES"]
+
+OLD_LOGPROB_SOURCES = ("rollout", "teacher_forced")
+"""Where π_old of the ratio comes from (``optim.old_logprobs``): the rollout's own log π
+(the sampler's numbers), or the teacher-forced pass of the update itself, detached (with
+one optimizer step per rollout, the policy that sampled; the ratio is then exactly 1, so
+the rollout/train rounding mismatch never reaches the clip)."""
 
 
 def policy_loss(

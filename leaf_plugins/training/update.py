@@ -67,8 +67,9 @@ def accumulate_gradients(trainer: Any, context: Any, rollout: Rollout, batch: Ro
         sync = accelerator.no_sync(trainer.model) if index < len(chunks) - 1 else contextlib.nullcontext()
         with sync:
             current = response_logprobs(trainer.model, local, tokens, lengths, prompt_index, config.rollout.temperature)
+            old = current.detach() if config.optim.old_logprobs == "teacher_forced" else batch.logprobs[rows].to(device)
             loss = trainer.engine.manager.hook.compute_loss(
-                context=context, logprobs=current, old_logprobs=batch.logprobs[rows].to(device),
+                context=context, logprobs=current, old_logprobs=old,
                 reference_logprobs=reference, advantages=advantages[rows].to(device), mask=mask, weights=weights,
             )
             accelerator.backward(loss.loss * accelerator.num_processes)  # DDP averages over processes
