@@ -3,7 +3,8 @@ with FSDP2, generates the same responses as before sharding, on both rollout bac
 ``gathered_for_generation`` all-gathers the weights once per rollout instead of per
 layer and token (``generate``), and the static loop gathers them once itself even
 without it; with the root sharded too (accelerate's wrapping), the rollout and the
-teacher-forced pass still give the unsharded values.
+teacher-forced pass still give the unsharded values, and its gradient (the shared-prefix
+pass: two forward calls before one backward) the unsharded gradient.
 
 Usage: python -m torch.distributed.run --nproc_per_node 2 fsdp_generation.py OUTPUT_DIR
 """
@@ -53,6 +54,20 @@ def main(output: Path) -> None:
             return response_logprobs(model, inputs, batch.tokens, batch.lengths, unsharded["generate"].prompt_index)
 
     unsharded_forced = forced()
+
+    def gradient():
+        """The LoRA gradient of a weighted sum of the teacher-forced log π (the shared-prefix
+        pass: two forward calls before one backward), gathered to full tensors."""
+        batch = unsharded["generate"].batch
+        model.train()
+        model.zero_grad()
+        values = response_logprobs(model, inputs, batch.tokens, batch.lengths, unsharded["generate"].prompt_index)
+        (values * torch.linspace(0.5, 2.0, values.numel()).view(values.shape)).sum().backward()
+        model.eval()
+        return {name: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
+                for name, p in model.named_parameters() if p.grad is not None}
+
+    unsharded_gradient = gradient()
     for layer in language_model_of(model).layers:
         fully_shard(layer)
     gathers = []
@@ -81,6 +96,7 @@ def main(output: Path) -> None:
         with gathered_for_generation(model):
             results[backend]["root_sharded"] = rollout(backend).batch
     torch.save({"backends": results, "forced": forced(), "unsharded_forced": unsharded_forced,
+                "gradient": gradient(), "unsharded_gradient": unsharded_gradient,
                 "sharded_modules": len(language_model_of(model).layers)},
                output / f"rank{dist.get_rank()}.pt")
     dist.destroy_process_group()
