@@ -94,9 +94,11 @@ def test_teacher_forced_old_logprobs_take_pi_old_from_the_update_pass(trainer):
         trainer.config.optim.old_logprobs = "rollout"
     differs = False
     for name in expected:
-        scale = float(expected[name].abs().max())  # the reordered float32 sums' bound, as above
+        # the reordered float32 sums' bound, as above: measured <= 4.4e-7 x max (default|avx2 x 1|4 threads)
+        scale = float(expected[name].abs().max())
         torch.testing.assert_close(got[name], expected[name], rtol=0, atol=1e-5 * scale,
                                    msg=lambda m, name=name: f"{name}: {m}")
+        # ratio e^0.1 against 1: the gradients differ by 0.105 x max (measured), 10x this threshold
         differs |= bool((from_rollout[name] - expected[name]).abs().max() > 1e-2 * scale)
     assert differs
 

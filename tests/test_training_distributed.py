@@ -57,7 +57,9 @@ def test_fsdp2_generation_gathers_the_sharded_layers_once_per_rollout(tmp_path):
         torch.testing.assert_close(result["forced"], result["unsharded_forced"], rtol=0, atol=1e-6)
         gradient, expected = result["gradient"], result["unsharded_gradient"]
         assert gradient.keys() == expected.keys() and any(bool(g.abs().sum() > 0) for g in expected.values())
-        for name in expected:  # the same sums, all-gathered: the reordered float32 bound of test_loss_aggregation
+        # the same kernels on gathered weights: measured 0 difference (ATEN_CPU_CAPABILITY=avx2 and
+        # default, 1 thread); the reordered float32 sum's bound of test_loss_aggregation as margin
+        for name in expected:
             torch.testing.assert_close(gradient[name], expected[name], rtol=0,
                                        atol=1e-5 * float(expected[name].abs().max()), msg=lambda m, name=name: f"{name}: {m}")
         modules = result["sharded_modules"]

@@ -16,7 +16,8 @@ from typing import Any, Iterator
 
 import torch
 
-__all__ = ["embed_prompts", "prompt_embeddings_in_front", "language_model_of", "backbone_model_of", "head_on_positions"]
+__all__ = ["embed_prompts", "prompt_embeddings_in_front", "language_model_of", "backbone_model_of", "head_on_positions",
+           "left_padded_positions"]
 
 AUDIO_INPUTS = ("input_features", "feature_attention_mask", "input_features_mask")
 """Model inputs that only the audio encoder reads (the families' names)."""
@@ -45,6 +46,12 @@ def language_model_of(model: Any) -> torch.nn.Module:
     if found is None:
         raise TypeError(f"{type(inner).__name__} has no language_model submodule: cannot share prompt embeddings")
     return found
+
+
+def left_padded_positions(mask: torch.Tensor) -> torch.Tensor:
+    """``[R, W]`` position ids of left-padded rows from their ``[R, W]`` attention mask,
+    as ``generate`` computes them: ``cumsum(mask) - 1``, 0 on the padding."""
+    return (mask.long().cumsum(dim=1) - 1).clamp(min=0)
 
 
 @torch.no_grad()

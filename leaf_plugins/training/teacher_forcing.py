@@ -29,6 +29,7 @@ from leaf_plugins.training.prompt_embedding import (
     backbone_model_of,
     embed_prompts,
     head_on_positions,
+    left_padded_positions,
     prompt_embeddings_in_front,
 )
 from leaf_plugins.training.selected_logprobs import selected_logprobs
@@ -88,7 +89,7 @@ def _full_pass(model: torch.nn.Module, inputs: dict[str, torch.Tensor], embeddin
     prompt_width, width = prompt_ids.shape[1], tokens.shape[1]
     ids = torch.cat([prompt_ids, tokens], dim=1)  # [N, L+T]; the prompt part is replaced by its embeddings
     mask = torch.cat([prompt_mask, real.to(prompt_mask.dtype)], dim=1)  # [N, L+T]
-    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # as generate computes them for left padding
+    positions = left_padded_positions(mask)  # [N, L+T]
     with prompt_embeddings_in_front(model, embeddings[prompt_index]), \
             head_on_positions(model, slice(prompt_width - 1, prompt_width + width - 1)):
         logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits  # [N, T, V]
@@ -102,7 +103,7 @@ def _shared_prefix_pass(model: torch.nn.Module, inputs: dict[str, torch.Tensor],
     its rows, then the responses' first ``T - 1`` tokens over them."""
     prompt_ids, prompt_mask = inputs["input_ids"], inputs["attention_mask"]  # [P, L]
     prompt_width, width = prompt_ids.shape[1], tokens.shape[1]
-    prompt_positions = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)  # [P, L]
+    prompt_positions = left_padded_positions(prompt_mask)  # [P, L]
     with prompt_embeddings_in_front(model, embeddings), head_on_positions(model, slice(prompt_width - 1, prompt_width)):
         prefix = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=prompt_positions, use_cache=True)
     first = selected_logprobs(prefix.logits[prompt_index], tokens[:, :1], temperature)  # [N, 1]
@@ -112,7 +113,7 @@ def _shared_prefix_pass(model: torch.nn.Module, inputs: dict[str, torch.Tensor],
     cache = getattr(prefix, keyword)
     cache.batch_select_indices(prompt_index)  # each layer's [P, H, L, d] keys and values → [N, H, L, d]
     mask = torch.cat([prompt_mask[prompt_index], real[:, :-1].to(prompt_mask.dtype)], dim=1)  # [N, L+T-1]
-    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, prompt_width:]  # [N, T-1]
+    positions = left_padded_positions(mask)[:, prompt_width:]  # [N, T-1]
     logits = model(input_ids=tokens[:, :-1], attention_mask=mask, position_ids=positions, use_cache=True,
                    **{keyword: cache}).logits  # [N, T-1, V]: the last token predicts nothing and is not run
     return torch.cat([first, selected_logprobs(logits, tokens[:, 1:], temperature)], dim=1)

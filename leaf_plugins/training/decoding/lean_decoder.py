@@ -20,6 +20,7 @@ from leaf_plugins.training.decoding.attention import prompt_attention, prompt_at
 from leaf_plugins.training.decoding.family import DecoderFamily
 from leaf_plugins.training.decoding.kv_buffers import KVBuffers
 from leaf_plugins.training.decoding.projections import folded_linear, fused_linear, projection
+from leaf_plugins.training.prompt_embedding import left_padded_positions
 
 __all__ = ["LeanDecoder", "rotate"]
 
@@ -73,9 +74,10 @@ def _single(module: torch.nn.Module, fold: bool) -> Call:
 
 def _norm(module: torch.nn.Module, fold: bool) -> Call:
     """The RMSNorm ``module`` as one ``rms_norm`` call where ``fold`` (the CPU's small
-    float32 models) and it is the families' float32 RMSNorm (``weight · x / rms(x)``; the
-    same value (bit for bit in float32 with torch 2.13 on this machine's kernels) in one operator
-    instead of seven), else the module."""
+    float32 models) and it is the families' float32 RMSNorm (``weight · x / rms(x)``), else
+    the module. The same value (bit for bit in float32 with torch 2.13 on this machine's
+    kernels) and the same kernels underneath; what goes is the module call and the
+    Python between its seven top-level operations."""
     if not (fold and hasattr(module, "variance_epsilon") and module.weight.dtype == torch.float32):
         return module
     shape = tuple(module.weight.shape)
@@ -137,7 +139,7 @@ class LeanDecoder:
         """
         family = self.family
         prompts, width, _ = embeddings.shape
-        positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)  # [P, L]
+        positions = left_padded_positions(mask)  # [P, L]
         cos, sin = self.cos[positions].unsqueeze(1), self.signed_sin[positions].unsqueeze(1)  # [P, 1, L, d]
         bias = prompt_attention_bias(mask)  # [P, 1, L, L]
         hidden = self._embedded(embeddings)
