@@ -103,6 +103,14 @@ def test_two_seeds_give_paired_differences_over_items_only_and_say_why(tmp_path,
     assert (tmp_path / "out" / "learning_curves.png").stat().st_size > 0
 
 
+def test_one_seed_is_named_in_the_singular(tmp_path):
+    path = finished_study(tmp_path, [0])
+    assert main(["study", str(path), "--table"]) == 0
+    table = (tmp_path / "out" / "results.md").read_text()
+    assert "Not an interval: 1 seed per variation is too few for a seed-level confidence interval" in table
+    assert "1 seeds" not in table and "1 seed per variation are" not in table
+
+
 def test_five_seeds_give_seed_level_intervals_and_the_iqm(tmp_path):
     seeds = [0, 1, 2, 3, 4]
     study = load_study(finished_study(tmp_path, seeds))

@@ -141,8 +141,9 @@ def write_results(study: Study) -> Path:
 def _spread_note(fewest: int) -> str:
     if fewest >= MIN_SEEDS_FOR_INTERVAL:
         return "Mean over seeds [percentile bootstrap 95% CI over seeds]."
-    return (f"Mean over seeds (lowest–highest seed). Not an interval: {fewest} seed{'s' * (fewest != 1)} per "
-            f"variation are too few for a seed-level confidence interval (>= {MIN_SEEDS_FOR_INTERVAL} needed).")
+    count = "1 seed per variation is" if fewest == 1 else f"{fewest} seeds per variation are"
+    return (f"Mean over seeds (lowest–highest seed). Not an interval: {count} too few for a seed-level "
+            f"confidence interval (>= {MIN_SEEDS_FOR_INTERVAL} needed).")
 
 
 def _paired_lines(study: Study, by_variation: dict[str, list[dict]], records: dict[str, dict]) -> list[str]:
