@@ -1,16 +1,40 @@
-"""leaf-plugins: tree-credit estimators for RL post-training of speech-aware LLMs."""
+"""leaf-plugins: tree-credit estimators for RL post-training of speech-aware LLMs.
+
+The names below are imported on first use (PEP 562), so ``import leaf_plugins`` (and the
+``leaf`` command's start-up, which handles Ctrl-C from its first moment) does not wait
+for torch."""
 
 from __future__ import annotations
 
-from leaf_plugins.core.batch import RolloutBatch
-from leaf_plugins.core.engine import Engine, estimate
-from leaf_plugins.core.errors import ConfigError, LeafError, UnknownNameError
-from leaf_plugins.core.hookspecs import hookimpl
-from leaf_plugins.core.params import EstimatorParams
-from leaf_plugins.core.plugins import get_host
-from leaf_plugins.core.tree import Boundaries, EstimateResult, Node, Nodes
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from leaf_plugins.core.batch import RolloutBatch
+    from leaf_plugins.core.engine import Engine, estimate
+    from leaf_plugins.core.errors import ConfigError, LeafError, UnknownNameError
+    from leaf_plugins.core.hookspecs import hookimpl
+    from leaf_plugins.core.params import EstimatorParams
+    from leaf_plugins.core.plugins import get_host
+    from leaf_plugins.core.tree import Boundaries, EstimateResult, Node, Nodes
 
 __version__ = "0.1.0"
+
+_HOMES = {
+    "RolloutBatch": "leaf_plugins.core.batch",
+    "Engine": "leaf_plugins.core.engine",
+    "estimate": "leaf_plugins.core.engine",
+    "ConfigError": "leaf_plugins.core.errors",
+    "LeafError": "leaf_plugins.core.errors",
+    "UnknownNameError": "leaf_plugins.core.errors",
+    "hookimpl": "leaf_plugins.core.hookspecs",
+    "EstimatorParams": "leaf_plugins.core.params",
+    "get_host": "leaf_plugins.core.plugins",
+    "Boundaries": "leaf_plugins.core.tree",
+    "EstimateResult": "leaf_plugins.core.tree",
+    "Node": "leaf_plugins.core.tree",
+    "Nodes": "leaf_plugins.core.tree",
+}
 
 __all__ = [
     "Boundaries",
@@ -28,3 +52,15 @@ __all__ = [
     "get_host",
     "hookimpl",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'leaf_plugins' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOMES[name]), name)
+    globals()[name] = value  # once imported, an ordinary attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

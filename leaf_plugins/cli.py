@@ -12,6 +12,7 @@ from typing import Iterator, Sequence
 
 from leaf_plugins import commands
 from leaf_plugins.core.errors import ConfigNotice, LeafError
+from leaf_plugins.core.interrupts import exit_status, interrupts_as_exceptions
 from leaf_plugins.core.version import package_version
 
 __all__ = ["main", "build_parser"]
@@ -34,22 +35,40 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``leaf``."""
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra and hasattr(args, "overrides") and all("=" in arg and not arg.startswith("-") for arg in extra):
-        args.overrides += extra  # overrides after an option: `leaf study FILE --check seeds=[0]`
-    elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    try:
-        with _notices_as_notes(args.command):
-            return int(args.run(args) or 0)
-    except LeafError as error:
-        print(f"leaf {args.command}: error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"leaf {args.command}: interrupted", file=sys.stderr)
-        return 130
+    """Entry point of ``leaf``. SIGINT (Ctrl-C) and SIGTERM stop a command in order: it
+    keeps what is complete, one line on stderr says what, and the exit status is 130
+    (SIGINT) or 143 (SIGTERM)."""
+    command = ""  # known once the arguments are parsed
+    with interrupts_as_exceptions():
+        try:
+            parser = build_parser()
+            args, extra = parser.parse_known_args(argv)
+            command = args.command
+            if extra and hasattr(args, "overrides") and all("=" in arg and not arg.startswith("-") for arg in extra):
+                args.overrides += extra  # overrides after an option: `leaf study FILE --check seeds=[0]`
+            elif extra:
+                parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            with _notices_as_notes(command):
+                return int(args.run(args) or 0)
+        except LeafError as error:
+            print(f"{_prefix(command)}: error: {error}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt as interrupt:
+            print(f"{_prefix(command)}: {_interrupted(interrupt)}", file=sys.stderr)
+            return exit_status(interrupt)
+
+
+def _prefix(command: str) -> str:
+    return f"leaf {command}" if command else "leaf"
+
+
+def _interrupted(interrupt: KeyboardInterrupt) -> str:
+    """The line an interrupted command ends with: the signal and what was kept."""
+    name = str(interrupt) or "SIGINT"  # a plain KeyboardInterrupt carries no name
+    kept = getattr(interrupt, "kept", None)
+    if kept is None:
+        return f"interrupted ({name}); nothing new was saved"
+    return f"interrupted ({name}); kept {kept}; run the same command to resume"
 
 
 @contextlib.contextmanager

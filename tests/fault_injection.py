@@ -1,8 +1,12 @@
-"""SIGKILL at chosen instants of ``leaf train`` / ``leaf study``: a process (forked from
-a fork server that imported the package once) patches one function so that its n-th
-call kills the process, as ``kill -9`` would, then runs the command.
+"""SIGKILL, SIGINT or SIGTERM at chosen instants of ``leaf train`` / ``leaf study``: a
+process (forked from a fork server that imported the package once) patches one function
+so that its n-th call sends the signal to the process itself, as ``kill -9``, Ctrl-C or
+``kill`` would, then runs the command.
 
-A kill point is ``(name, n)``: the process dies at the n-th time it reaches ``name``.
+A kill point is ``(name, n)``: the signal arrives at the n-th time the process reaches
+``name``. Under SIGKILL the two torn-write points write half a line first (a kill
+mid-write); under SIGINT/SIGTERM, which Python handles between bytecodes, they signal
+just before the write instead.
 """
 
 from __future__ import annotations
@@ -24,13 +28,17 @@ POINTS: dict[str, str] = {
     "checkpoint.adapter": "checkpoint write: adapter saved, optimizer state not yet",
     "checkpoint.rename": "checkpoint write: fsynced, not yet renamed to checkpoint-N",
     "checkpoint.prune": "checkpoint write: renamed, older checkpoint not yet deleted",
+    "checkpoint.saved": "right after a checkpoint was written",
     "log.rewrite": "resume: a log's truncated copy written, not yet renamed over it",
     "evaluate": "study: a run trained, its held-out evaluation not yet written",
 }
 
 
+_SIGNAL = [signal.SIGKILL]  # what ``_die`` sends: set by ``_command``
+
+
 def _die() -> None:
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), _SIGNAL[0])
 
 
 def _countdown(n: int) -> Callable[[], bool]:
@@ -89,6 +97,10 @@ def _arm(point: str, n: int) -> None:
         _patch(Accelerator, "backward", before)
     elif point == "optimizer.step":
         _patch(torch.optim.Adam, "step", after)
+    elif point == "metrics.write" and _SIGNAL[0] != signal.SIGKILL:
+        _patch(trainer.Trainer, "_log", before)
+    elif point == "rollouts.write" and _SIGNAL[0] != signal.SIGKILL:
+        _patch(rollout_log, "write_groups", before)
     elif point == "metrics.write":
         def log(original: Callable) -> Callable:
             def call(self, step, metrics):
@@ -126,6 +138,8 @@ def _arm(point: str, n: int) -> None:
                 return original(path, *args, **kwargs)
             return call
         _patch(checkpoint.shutil, "rmtree", prune)
+    elif point == "checkpoint.saved":
+        _patch(trainer, "save_checkpoint", after)
     elif point == "log.rewrite":
         _patch(durable.os, "replace", before)
     elif point == "evaluate":
@@ -134,15 +148,20 @@ def _arm(point: str, n: int) -> None:
         raise ValueError(f"unknown kill point {point!r}; known: {', '.join(POINTS)}")
 
 
-def _command(argv: list[str], point: str | None, n: int) -> None:
+def _command(argv: list[str], point: str | None, n: int, signal_number: int, stderr: str | None) -> None:
+    import sys
     import warnings
 
     from leaf_plugins.cli import main
 
+    if stderr is not None:
+        os.dup2(os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
     warnings.simplefilter("ignore")
+    _SIGNAL[0] = signal_number
     if point is not None:
         _arm(point, n)
     code = main(argv)
+    sys.stderr.flush()
     os._exit(code)
 
 
@@ -158,10 +177,12 @@ def _context() -> Any:
     return _CONTEXT
 
 
-def run_leaf(argv: list[str], point: str | None = None, n: int = 1, timeout: float = 600) -> int:
-    """Run ``leaf ARGV`` in a fresh process, killed with SIGKILL at the n-th time it
-    reaches ``point`` (None: not killed); its exit code (``-9`` when killed)."""
-    process = _context().Process(target=_command, args=(argv, point, n))
+def run_leaf(argv: list[str], point: str | None = None, n: int = 1, timeout: float = 600,
+             signal_number: int = signal.SIGKILL, stderr: str | None = None) -> int:
+    """Run ``leaf ARGV`` in a fresh process that gets ``signal_number`` (SIGKILL unless
+    told) at the n-th time it reaches ``point`` (None: no signal); its exit code (``-9``
+    when killed, ``leaf``'s status otherwise). ``stderr``: a file for its standard error."""
+    process = _context().Process(target=_command, args=(argv, point, n, signal_number, stderr))
     process.start()
     process.join(timeout)
     if process.exitcode is None:

@@ -48,9 +48,11 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         table = run_study(study)
-    except KeyboardInterrupt:
-        print(f"\ninterrupted: checkpoints and finished runs are kept; run the same command to resume")
-        return 130
+    except KeyboardInterrupt as interrupt:  # `leaf` prints what was kept and exits with 130 (143: SIGTERM)
+        current = getattr(interrupt, "kept", None)
+        interrupt.kept = (f"the finished runs in {study.output_dir}"  # type: ignore[attr-defined]
+                          + (f" and the current run's {current}" if current else ""))
+        raise
     print()
     print(table.read_text())
     print(f"written: {table}, {table.with_name('results.csv')}, {table.with_name('learning_curves.png')}")

@@ -27,6 +27,7 @@ from leaf_plugins.studies.results import write_results
 from leaf_plugins.tasks.base import Example
 from leaf_plugins.training.checkpoint import latest_checkpoint
 from leaf_plugins.training.config import TrainConfig, task_examples
+from leaf_plugins.training.durable import replace_text
 
 __all__ = ["run_study", "baseline_dir", "RESOLVED"]
 
@@ -94,7 +95,7 @@ def _evaluate_start(study: Study, config: TrainConfig, held_out: list[Example]) 
         tqdm.write(f"evaluating the starting model (no RL) -> {directory}")
         metrics = evaluate_model(config.backbone, None, held_out, study.config.evaluation, directory,
                                  backend=config.rollout.backend)
-        (directory / EVALUATION).write_text(json.dumps(metrics, indent=1))
+        replace_text(directory / EVALUATION, json.dumps(metrics, indent=1))
     return directory / PREDICTIONS
 
 
@@ -126,7 +127,7 @@ def _evaluate(study: Study, run: PlannedRun, host: PluginHost, cache: dict) -> N
     metrics.update({"variation": run.variation, "seed": run.seed,
                     "train_seconds": sum(map(float, times.read_text().split())) if times.exists() else 0.0,
                     "evaluation_seconds": time.perf_counter() - started})
-    (run.directory / EVALUATION).write_text(json.dumps(metrics, indent=1))
+    replace_text(run.directory / EVALUATION, json.dumps(metrics, indent=1))
 
 
 def _examples(host: PluginHost, config: TrainConfig, split: str, cache: dict) -> list[Example]:

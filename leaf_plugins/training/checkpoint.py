@@ -12,15 +12,20 @@ import torch
 
 from leaf_plugins.training.durable import fsync_directory, fsync_tree
 
-__all__ = ["save_checkpoint", "latest_checkpoint", "load_checkpoint"]
+__all__ = ["save_checkpoint", "latest_checkpoint", "load_checkpoint", "remove_partials"]
 
 
 def save_checkpoint(directory: Path, step: int, model: Any, optimizer: torch.optim.Optimizer) -> Path:
     """Write ``checkpoint-<step>`` atomically (a temporary directory, fsynced, renamed at
-    the end) and keep only the newest one. The adapter is saved with peft's ``save_pretrained``."""
+    the end) and keep only the newest one. The adapter is saved with peft's ``save_pretrained``.
+    A step is written once: when ``checkpoint-<step>`` exists already (complete, since
+    only a finished write has that name) it is kept as it is. Half-written ``.partial-*``
+    directories of earlier, killed writes are removed first."""
     target = directory / f"checkpoint-{step:08d}"
+    if target.is_dir():
+        return target
+    remove_partials(directory)
     partial = directory / f".partial-{step:08d}"
-    shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     model.save_pretrained(partial / "adapter")
     torch.save(
@@ -38,6 +43,12 @@ def save_checkpoint(directory: Path, step: int, model: Any, optimizer: torch.opt
         if old != target:
             shutil.rmtree(old)
     return target
+
+
+def remove_partials(directory: Path) -> None:
+    """Delete the ``.partial-*`` directories of checkpoint writes that a kill cut short."""
+    for partial in directory.glob(".partial-*"):
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 def latest_checkpoint(directory: Path) -> Path | None:

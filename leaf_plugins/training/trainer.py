@@ -4,7 +4,7 @@ Rollout and scoring are hooks (``rollout``, ``score_rollouts``) on the run's plu
 manager, next to the estimator's stages, so a plugin can replace any of them. Runs work
 unchanged under ``accelerate launch`` (each process takes its share of the step's
 prompts; gradients are averaged by DDP), resume exactly from their newest checkpoint,
-and save one on Ctrl-C.
+and save one on Ctrl-C or SIGTERM (unless the step is saved already) before stopping.
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ from leaf_plugins.analysis.rollout_log import RolloutLogger
 from leaf_plugins.core.engine import Engine
 from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.core.hookspecs import hookimpl
+from leaf_plugins.core.interrupts import deferred_interrupts
 from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.core.stages import PolicyLoss, Rollout, StepContext
 from leaf_plugins.tasks.base import Example
-from leaf_plugins.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from leaf_plugins.training.checkpoint import latest_checkpoint, load_checkpoint, remove_partials, save_checkpoint
 from leaf_plugins.training.config import TrainConfig
 from leaf_plugins.training.checkpointing import enable_activation_checkpointing
 from leaf_plugins.training.durable import truncate_log
@@ -115,7 +116,8 @@ class Trainer:
             enable_activation_checkpointing(model)
         optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=config.optim.learning_rate)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
-        self.completed = 0  # optimizer steps done
+        self.completed = 0  # optimizer steps done (each one logged in metrics.jsonl)
+        self.saved = 0  # the step of the newest checkpoint (0: none)
         self.audio_tokens = torch.tensor(audio_token_ids(self.loaded))  # [A] placeholder ids, not prompt text
         # the main process logs its share of every step's rollout groups (1-based step numbers)
         self.rollout_logger = (RolloutLogger(self.output_dir / ROLLOUT_LOG)
@@ -138,9 +140,12 @@ class Trainer:
     # ------------------------------------------------------------------ the run
     def run(self) -> list[dict[str, float]]:
         """Train from the newest checkpoint (or the start) to ``config.steps``; return the
-        metrics of the steps run now. Ctrl-C saves a checkpoint before stopping."""
+        metrics of the steps run now. Ctrl-C (a ``KeyboardInterrupt``, or SIGTERM under
+        ``leaf``) saves the last completed step, if no checkpoint holds it yet, and is raised
+        again with ``kept`` naming the checkpoint that holds the run's progress."""
         self.output_dir.mkdir(parents=True, exist_ok=True)
         start = self._resume()
+        self.completed = self.saved = start
         if self.accelerator.is_main_process:
             record_environment(self.output_dir)
         if self.accelerator.is_main_process:
@@ -148,20 +153,20 @@ class Trainer:
         done: list[dict[str, float]] = []
         progress = tqdm(total=self.config.steps, initial=start, desc="training", unit="step",
                         disable=not self.accelerator.is_main_process)
-        self.completed = start
         try:
             while self.completed < self.config.steps:
-                metrics = self.train_step(self.completed)  # advances self.completed at its optimizer step
+                metrics = self.train_step(self.completed)  # steps the optimizer, logs the step
                 step = self.completed
                 done.append(metrics)
-                self._log(step, metrics)
                 self.engine.manager.hook.on_step_end(step=step, metrics=metrics)
                 progress.update(1)
                 progress.set_postfix(reward=f"{metrics['reward_mean']:.3f}", loss=f"{metrics['loss']:.4f}")
                 if step % self.config.checkpoint_every == 0 or step == self.config.steps:
                     self._save(step)
-        except KeyboardInterrupt:  # the weights are those of the last completed optimizer step
-            self._save(self.completed)
+        except KeyboardInterrupt as interrupt:  # the weights are those of the last completed (logged) step
+            if self.completed > self.saved:
+                self._save(self.completed)
+            interrupt.kept = self._kept()  # type: ignore[attr-defined]
             raise
         finally:
             progress.close()
@@ -169,8 +174,10 @@ class Trainer:
         return done
 
     def train_step(self, step: int) -> dict[str, float]:
-        """One optimizer step on this step's prompts; ``self.completed`` becomes
-        ``step + 1`` as soon as the optimizer has stepped."""
+        """One optimizer step on this step's prompts, logged in ``metrics.jsonl``;
+        ``self.completed`` becomes ``step + 1``. The optimizer step and its log line are
+        one unit for Ctrl-C and SIGTERM (held until both are done), so an interrupt never
+        finds weights that are a step ahead of the log."""
         config = self.config
         examples = self._prompts_of(step)
         inputs = self.backbone.build_inputs(self.loaded, [e.prompt for e in examples], [e.audio for e in examples])
@@ -196,8 +203,7 @@ class Trainer:
             self.rollout_logger.step = step + 1
         result = self.engine.estimate(batch)
         estimated = time.perf_counter()
-        losses = self._update(context, rollout, batch, result.advantages)
-        updated = time.perf_counter()
+        losses = self._gradients(context, rollout, batch, result.advantages)
         advantages = result.advantages[batch.mask]
         metrics = {
             "reward_mean": float(rewards.mean()),
@@ -209,20 +215,23 @@ class Trainer:
             **losses,
             "rollout_seconds": sampled - started,
             "estimator_seconds": estimated - sampled,
-            "update_seconds": updated - estimated,
         }
+        with deferred_interrupts():
+            self.optimizer.step()
+            self.completed += 1
+            metrics["update_seconds"] = time.perf_counter() - estimated
+            self._log(self.completed, metrics)
+        self.model.eval()
         return metrics
 
     # ------------------------------------------------------------------ pieces
-    def _update(self, context: StepContext, rollout: Rollout, batch: Any, advantages: torch.Tensor) -> dict:
-        """One optimizer step on the gradient of the step's loss (``training/update.py``)."""
+    def _gradients(self, context: StepContext, rollout: Rollout, batch: Any, advantages: torch.Tensor) -> dict:
+        """The gradient of the step's loss (``training/update.py``), checked finite; the
+        optimizer steps in ``train_step``."""
         self.model.train()
         self.optimizer.zero_grad()
         totals = accumulate_gradients(self, context, rollout, batch, advantages)
         check_update(self.policy, totals["loss"], self.completed + 1, self.output_dir)
-        self.optimizer.step()
-        self.completed += 1
-        self.model.eval()
         return totals
 
     def _check_prompt_lengths(self, examples: list[Example], inputs: dict[str, torch.Tensor]) -> None:
@@ -252,14 +261,24 @@ class Trainer:
             left = f"{self.config.steps - step} to go" if step < self.config.steps else "nothing left to train"
             tqdm.write(f"resuming from {found} (step {step} of {self.config.steps}; {left})")
         if self.accelerator.is_main_process:  # drop steps logged after that checkpoint (and a torn last line)
+            remove_partials(self.output_dir)
             for log in (self.output_dir / "metrics.jsonl", self.output_dir / ROLLOUT_LOG):
                 truncate_log(log, lambda record: record["step"] <= step)
         return step
 
     def _save(self, step: int) -> None:
-        self.accelerator.wait_for_everyone()
-        if self.accelerator.is_main_process:
-            save_checkpoint(self.output_dir, step, self.policy, self.optimizer)
+        """Checkpoint ``step``; an interrupt arriving meanwhile is held until it is on disk."""
+        with deferred_interrupts():
+            self.accelerator.wait_for_everyone()
+            if self.accelerator.is_main_process:
+                save_checkpoint(self.output_dir, step, self.policy, self.optimizer)
+            self.saved = step
+
+    def _kept(self) -> str:
+        """What an interrupted run keeps, in words."""
+        if self.saved == 0:
+            return f"no step completed yet, nothing saved in {self.output_dir}"
+        return f"{self.output_dir / f'checkpoint-{self.saved:08d}'} (step {self.saved} of {self.config.steps})"
 
     def _log(self, step: int, metrics: dict[str, float]) -> None:
         if not self.accelerator.is_main_process:
