@@ -44,11 +44,15 @@ def replace_text(path: Path, text: str) -> None:
     """Give ``path`` the content ``text`` atomically: a temporary file beside it is
     written and fsynced, then renamed over it; a kill leaves the old or the new file."""
     temporary = path.with_name(f".{path.name}.tmp")
-    with temporary.open("w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+    try:
+        with temporary.open("w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:  # an error or Ctrl-C before the rename: the old file stays, the copy goes
+        temporary.unlink(missing_ok=True)
+        raise
     fsync_directory(path.parent)
 
 

@@ -144,8 +144,16 @@ class Trainer:
         ``leaf``) saves the last completed step, if no checkpoint holds it yet, and is raised
         again with ``kept`` naming the checkpoint that holds the run's progress."""
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            return self._train()
+        except KeyboardInterrupt as interrupt:  # the weights are those of the last completed (logged) step
+            if self.completed > self.saved:
+                self._save(self.completed)
+            interrupt.kept = self._kept()  # type: ignore[attr-defined]
+            raise
+
+    def _train(self) -> list[dict[str, float]]:
         start = self._resume()
-        self.completed = self.saved = start
         if self.accelerator.is_main_process:
             record_environment(self.output_dir)
         if self.accelerator.is_main_process:
@@ -163,11 +171,6 @@ class Trainer:
                 progress.set_postfix(reward=f"{metrics['reward_mean']:.3f}", loss=f"{metrics['loss']:.4f}")
                 if step % self.config.checkpoint_every == 0 or step == self.config.steps:
                     self._save(step)
-        except KeyboardInterrupt as interrupt:  # the weights are those of the last completed (logged) step
-            if self.completed > self.saved:
-                self._save(self.completed)
-            interrupt.kept = self._kept()  # type: ignore[attr-defined]
-            raise
         finally:
             progress.close()
             self.accelerator.end_training()
@@ -257,6 +260,7 @@ class Trainer:
     def _resume(self) -> int:
         found = latest_checkpoint(self.output_dir)
         step = 0 if found is None else load_checkpoint(found, self.policy, self.optimizer)
+        self.completed = self.saved = step
         if found is not None and self.accelerator.is_main_process:
             left = f"{self.config.steps - step} to go" if step < self.config.steps else "nothing left to train"
             tqdm.write(f"resuming from {found} (step {step} of {self.config.steps}; {left})")
@@ -275,10 +279,11 @@ class Trainer:
             self.saved = step
 
     def _kept(self) -> str:
-        """What an interrupted run keeps, in words."""
-        if self.saved == 0:
-            return f"no step completed yet, nothing saved in {self.output_dir}"
-        return f"{self.output_dir / f'checkpoint-{self.saved:08d}'} (step {self.saved} of {self.config.steps})"
+        """What an interrupted run keeps, in words: its newest checkpoint."""
+        found = latest_checkpoint(self.output_dir)
+        if found is None:
+            return f"no checkpoint yet in {self.output_dir} (no step completed)"
+        return f"{found} (step {int(found.name.split('-')[1])} of {self.config.steps})"
 
     def _log(self, step: int, metrics: dict[str, float]) -> None:
         if not self.accelerator.is_main_process:
