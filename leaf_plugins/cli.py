@@ -12,7 +12,7 @@ from typing import Iterator, Sequence
 
 from leaf_plugins import commands
 from leaf_plugins.core.errors import ConfigNotice, LeafError
-from leaf_plugins.core.interrupts import exit_status, interrupts_as_exceptions
+from leaf_plugins.core.interrupts import exit_status, interrupt_received, interrupts_as_exceptions
 from leaf_plugins.core.version import package_version
 
 __all__ = ["main", "build_parser"]
@@ -50,12 +50,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 parser.error(f"unrecognized arguments: {' '.join(extra)}")
             with _notices_as_notes(command):
                 return int(args.run(args) or 0)
-        except LeafError as error:
-            print(f"{_prefix(command)}: error: {error}", file=sys.stderr)
-            return 2
         except KeyboardInterrupt as interrupt:
             print(f"{_prefix(command)}: {_interrupted(interrupt)}", file=sys.stderr)
             return exit_status(interrupt)
+        except Exception as error:
+            interrupt = interrupt_received()
+            if interrupt is not None:  # the interrupt, turned into another error by a library it went through
+                print(f"{_prefix(command)}: {_interrupted(interrupt)}", file=sys.stderr)
+                return exit_status(interrupt)
+            if not isinstance(error, LeafError):
+                raise
+            print(f"{_prefix(command)}: error: {error}", file=sys.stderr)
+            return 2
 
 
 def _prefix(command: str) -> str:

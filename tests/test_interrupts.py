@@ -178,3 +178,20 @@ def test_a_study_signalled_in_training_and_in_evaluation_resumes_to_the_same_tab
     for table in ("results.csv", "results.md"):
         got = (tmp_path / "signalled" / table).read_text().replace("signalled.yaml", "straight.yaml")
         assert got == (tmp_path / "straight" / table).read_text()
+
+
+def test_an_interrupt_a_library_wrapped_in_an_import_error_still_stops_plugin_loading():
+    from leaf_plugins.core.plugins import PluginHost
+
+    def import_that_wraps_ctrl_c() -> None:  # as transformers' lazy modules do with errors inside an import
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt as error:
+            raise ImportError("Could not import module 'SomeModel'") from error
+
+    host = PluginHost.__new__(PluginHost)
+    host.failures = []
+    with interrupts_as_exceptions():
+        with pytest.raises(Interrupted):
+            host._guard("some-plugin", False, import_that_wraps_ctrl_c)
+    assert host.failures == []  # not reported as a broken plugin

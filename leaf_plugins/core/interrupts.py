@@ -22,7 +22,8 @@ import signal
 import threading
 from typing import Any, Iterator
 
-__all__ = ["Interrupted", "interrupts_as_exceptions", "deferred_interrupts", "INTERRUPT_SIGNALS", "exit_status"]
+__all__ = ["Interrupted", "interrupts_as_exceptions", "deferred_interrupts", "interrupt_received", "INTERRUPT_SIGNALS",
+           "exit_status"]
 
 INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -43,6 +44,17 @@ def exit_status(interrupt: KeyboardInterrupt) -> int:
     return 128 + getattr(interrupt, "signal_number", signal.SIGINT)
 
 
+_received: list[Interrupted] = []  # the interrupt raised inside interrupts_as_exceptions, if any
+
+
+def interrupt_received() -> Interrupted | None:
+    """The ``Interrupted`` raised since ``interrupts_as_exceptions`` began, if one was.
+    Code that turns exceptions into something else (a plugin loader that skips a plugin
+    whose import failed, a library that wraps import errors) asks this to let an
+    interrupt through as what it is."""
+    return _received[0] if _received else None
+
+
 def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
@@ -55,20 +67,20 @@ def interrupts_as_exceptions() -> Iterator[None]:
     if not _in_main_thread():
         yield
         return
-    raised = [False]
-
     def handle(signal_number: int, _frame: Any) -> None:
-        if raised[0]:
+        if _received:
             return  # winding down after the first one: let the save finish
-        raised[0] = True
-        raise Interrupted(signal_number)
+        _received.append(Interrupted(signal_number))
+        raise _received[0]
 
+    _received.clear()
     previous = {number: signal.signal(number, handle) for number in INTERRUPT_SIGNALS}
     try:
         yield
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
+        _received.clear()
 
 
 _held: list[int] = []  # signals that arrived inside the outermost deferred block

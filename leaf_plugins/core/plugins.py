@@ -18,6 +18,7 @@ import pluggy
 
 from leaf_plugins.core.errors import LeafError, PluginLoadError
 from leaf_plugins.core.hookspecs import PROJECT, LeafSpecs
+from leaf_plugins.core.interrupts import interrupt_received
 from leaf_plugins.core.registry import Registry
 
 __all__ = ["PluginHost", "get_host", "STRICT_ENV", "PluginWarning", "KINDS"]
@@ -93,11 +94,15 @@ class PluginHost:
     def _guard(self, name: str, strict: bool, action: Callable[[], None]) -> None:
         try:
             action()
-        except LeafError as error:
-            if strict:
-                raise
-            self._report(name, str(error))
         except Exception as error:  # a broken third-party plugin must not take the tool down
+            interrupt = interrupt_received()
+            if interrupt is not None:  # Ctrl-C inside its import, wrapped by the library it went through
+                raise interrupt from error
+            if isinstance(error, LeafError):
+                if strict:
+                    raise
+                self._report(name, str(error))
+                return
             message = f"{type(error).__name__}: {error}"
             if strict:
                 raise PluginLoadError(f"plugin {name!r} failed to load: {message}") from error

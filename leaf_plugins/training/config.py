@@ -85,6 +85,7 @@ class TrainConfig:
     checkpoint_every: int = 10
     log_rollouts: bool = False  # every step's rollout groups to rollouts.jsonl (forkability analysis)
     nonfinite_rewards: str = "error"  # a NaN/inf reward stops the run, or drop_group: its group is left out
+    threads: int | None = None  # torch's CPU threads; unset: chosen from the model and usable cores (training/threads.py)
     reward: str = "sentence_bleu"
     backbone: BackboneConfig = field(default_factory=BackboneConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -134,6 +135,9 @@ def train_validators(host: PluginHost, prefix: str = "") -> dict[str, Callable[[
         "task.name": registered(host.tasks),
         "estimator.name": registered(host.estimators),
         "reward": registered(host.rewards),
+        "threads": lambda value: None if value is None or (isinstance(value, int) and not isinstance(value, bool)
+                                                            and 1 <= value <= 1024)
+        else f"must be an integer in [1, 1024] (or unset: chosen from the model and the usable cores), got {value!r}",
         "nonfinite_rewards": lambda value: None if value in NONFINITE_REWARD_POLICIES
         else f"must be one of {', '.join(NONFINITE_REWARD_POLICIES)}",
         "rollout.surprisal_from": lambda value: None if value in SURPRISAL_SOURCES

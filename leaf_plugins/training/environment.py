@@ -1,7 +1,8 @@
 """What a run's numbers depend on beyond its config and seeds: the torch build, its CPU
-kernels (ISA, BLAS), the thread count, the GPU and espeak-ng (which voices the built-in
-tasks). Recorded in ``environment.json`` when a run starts; a resume under another
-environment warns that the rest of the run will not be bit-identical."""
+kernels (ISA, BLAS), the thread count (and why it is that: ``training/threads.py``), the
+GPU and espeak-ng (which voices the built-in tasks). Recorded in ``environment.json`` when
+a run starts; a resume under another environment warns that the rest of the run will not
+be bit-identical."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from leaf_plugins.training.durable import replace_text
 __all__ = ["ENVIRONMENT", "environment", "record_environment", "EnvironmentChangedWarning"]
 
 ENVIRONMENT = "environment.json"
+EXPLANATIONS = ("threads_reason",)  # recorded, not compared: they say why, not what
 
 
 class EnvironmentChangedWarning(UserWarning):
@@ -61,16 +63,20 @@ def _espeak_version() -> str | None:
     return done.stdout.strip() or None
 
 
-def record_environment(output_dir: Path) -> None:
-    """Write ``environment.json`` at a run's start; on a resume compare with it and warn
+def record_environment(output_dir: Path, threads_reason: str | None = None) -> None:
+    """Write ``environment.json`` at a run's start (with ``threads_reason``, why the run
+    has its thread count); on a resume compare with it and warn
     (``EnvironmentChangedWarning``) naming what changed."""
     path = Path(output_dir) / ENVIRONMENT
     current = environment()
     if not path.exists():
+        if threads_reason is not None:
+            current["threads_reason"] = threads_reason
         replace_text(path, json.dumps(current, indent=1))
         return
     held = json.loads(path.read_text())
-    changed = [f"{key}: {held.get(key)!r} -> {value!r}" for key, value in current.items() if held.get(key) != value]
+    changed = [f"{key}: {held.get(key)!r} -> {value!r}" for key, value in current.items()
+               if key not in EXPLANATIONS and held.get(key) != value]
     if changed:
         warnings.warn(f"{path}: this run resumes under another environment ({'; '.join(changed)}); its remaining "
                       f"steps will not be bit-identical to those of an uninterrupted run", EnvironmentChangedWarning,

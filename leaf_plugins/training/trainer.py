@@ -39,6 +39,7 @@ from leaf_plugins.training.lora import attach_lora
 from leaf_plugins.training.loss import policy_loss
 from leaf_plugins.training.rollout import audio_token_ids, sample_responses
 from leaf_plugins.training.rollout_backend import resolve_backend
+from leaf_plugins.training.threads import apply_threads
 from leaf_plugins.training.update import accumulate_gradients, with_prompt_embeddings
 
 __all__ = ["StepContext", "DefaultStages", "Trainer", "ROLLOUT_LOG"]
@@ -111,6 +112,8 @@ class Trainer:
         reward = host.rewards.get(config.reward)
         torch.manual_seed(config.seed)
         self.loaded = self.backbone.load(path=config.backbone.path, dtype=config.backbone.dtype, seed=config.backbone.seed)
+        share = -(-config.rollout.prompts_per_step // self.accelerator.num_processes)  # this process's prompts
+        self.threads = apply_threads(config.threads, self.loaded.model, rows=share * config.rollout.group_size)
         model = attach_lora(self.loaded, config.lora.rank, config.lora.alpha, config.lora.dropout)
         if config.optim.activation_checkpointing:
             enable_activation_checkpointing(model)
@@ -155,7 +158,7 @@ class Trainer:
     def _train(self) -> list[dict[str, float]]:
         start = self._resume()
         if self.accelerator.is_main_process:
-            record_environment(self.output_dir)
+            record_environment(self.output_dir, threads_reason=self.threads.reason)
         if self.accelerator.is_main_process:
             self.accelerator.init_trackers("leaf", config=_flat(asdict(self.config)))
         done: list[dict[str, float]] = []
