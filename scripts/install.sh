@@ -1,10 +1,27 @@
 #!/usr/bin/env bash
-# Installs everything leaf-plugins needs on a fresh Debian machine (idempotent).
+# Installs everything leaf-plugins needs on a fresh Debian machine (idempotent), into the
+# environment of the `python` first on PATH (or $PYTHON): an activated virtual environment,
+# else that interpreter's own site-packages (it says which before installing anything).
 # torch is installed first and pinned to the CPU build this machine has on disk; on a GPU
 # cluster install your own CUDA build of torch first and this script keeps it
-# (LEAF_TORCH_SPEC="" skips the torch step). TRL goes in this environment; verl in .venv-verl.
+# (LEAF_TORCH_SPEC="" skips the torch step). TRL goes in this environment; verl in .venv-verl,
+# built beside it (scripts/install_verl_env.sh). docs/installation.md says more.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export PYTHON="${PYTHON:-python}"
+if ! command -v "$PYTHON" >/dev/null 2>&1; then PYTHON=python3; fi
+"$PYTHON" - <<'PY'
+import os, sys
+if sys.prefix != sys.base_prefix:
+    print(f"installing into the virtual environment {sys.prefix} ({sys.executable})")
+elif os.environ.get("CONDA_PREFIX") == sys.prefix:
+    print(f"installing into the conda environment {sys.prefix} ({sys.executable})")
+else:
+    print(f"installing into {sys.executable}'s own site-packages: no virtual environment is active")
+    if not os.environ.get("CI"):
+        print("  a virtual environment keeps leaf-plugins and its dependencies apart (docs/installation.md):\n"
+              "  python -m venv .venv && . .venv/bin/activate && bash scripts/install.sh")
+PY
 
 if ! command -v espeak-ng >/dev/null 2>&1; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
@@ -15,9 +32,9 @@ if ! command -v espeak-ng >/dev/null 2>&1; then
   fi
 fi
 
-PIP_INSTALL="python -m pip --disable-pip-version-check -q install --root-user-action=ignore"
+PIP_INSTALL="$PYTHON -m pip --disable-pip-version-check -q install --root-user-action=ignore"
 TORCH_SPEC="${LEAF_TORCH_SPEC-torch==2.13.0}"
-if [ -n "$TORCH_SPEC" ] && ! python -c "import torch" >/dev/null 2>&1; then
+if [ -n "$TORCH_SPEC" ] && ! "$PYTHON" -c "import torch" >/dev/null 2>&1; then
   echo "installing $TORCH_SPEC"
   $PIP_INSTALL "$TORCH_SPEC"
 fi
