@@ -72,7 +72,9 @@ def straight(tmp_path_factory):
 
 
 def test_every_kill_point_is_exercised():
-    assert {point for chain in CHAINS.values() for point, _ in chain} == set(POINTS) - {"evaluate"}
+    # "evaluate": the study test below; "checkpoint.saved" (a SIGKILL there equals one before the next step)
+    # is where test_interrupts.py sends SIGINT
+    assert {point for chain in CHAINS.values() for point, _ in chain} == set(POINTS) - {"evaluate", "checkpoint.saved"}
 
 
 @pytest.mark.parametrize("chain", sorted(CHAINS))
