@@ -24,8 +24,12 @@ fi
 # it was made with --system-site-packages), and its torch version, if any
 SITE_DIRS="$("$PYTHON" -c 'import site; print("\n".join(site.getsitepackages()))')"
 TORCH_VERSION="$("$PYTHON" -c 'import torch; print(torch.__version__)' 2>/dev/null || true)"
-echo "building the verl environment in $ENV_DIR beside $("$PYTHON" -c 'import sys; print(sys.prefix)')" \
-     "(torch ${TORCH_VERSION:-not installed: verl's own will be downloaded})"
+BESIDE="$("$PYTHON" -c 'import sys; print(sys.prefix)')"
+if [ -n "$TORCH_VERSION" ]; then
+  echo "building the verl environment in $ENV_DIR beside $BESIDE (its torch $TORCH_VERSION is used)"
+else
+  echo "building the verl environment in $ENV_DIR beside $BESIDE (no torch there: pip downloads the one verl asks for)"
+fi
 "$PYTHON" -m venv --clear "$ENV_DIR"
 VENV_SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
 {
