@@ -17,6 +17,7 @@ from leaf_plugins.evaluation.text_metrics import Unavailable, average_runs, eval
 from leaf_plugins.studies.config import EvaluationSettings, JudgesSettings
 from leaf_plugins.tasks.base import Example
 from leaf_plugins.training.config import BackboneConfig
+from leaf_plugins.training.threads import apply_threads
 from leaf_plugins.training.trainer import ROLLOUT_LOG
 
 __all__ = ["evaluate_model", "training_summary", "judge_runs", "task_kind", "PREDICTIONS", "EVALUATION", "BASELINE"]
@@ -39,6 +40,7 @@ def evaluate_model(
     :param backend: the rollout backend that samples (the run's ``rollout.backend``).
     """
     policy = load_policy(backbone, run_dir)
+    apply_threads(None, policy.loaded.model, rows=settings.batch_prompts * settings.runs)  # as a run of it trains
     references = [example.reference for example in examples]
     runs = sample_predictions(policy, examples, settings.runs, settings.temperature, settings.top_p,
                               settings.max_new_tokens, settings.batch_prompts, settings.seed, backend)

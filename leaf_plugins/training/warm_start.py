@@ -22,6 +22,7 @@ from leaf_plugins.training.config import BackboneConfig, TaskConfig
 from leaf_plugins.training.durable import fsync_directory, fsync_tree
 from leaf_plugins.training.ranges import WARM_START_RANGES
 from leaf_plugins.training.rollout import response_logprobs
+from leaf_plugins.training.threads import apply_threads
 
 __all__ = ["WarmStartConfig", "warm_start", "reference_tokens", "load_warm_start_config", "warm_start_validators"]
 
@@ -76,6 +77,7 @@ def warm_start(config: WarmStartConfig, examples: Sequence[Example], host: Plugi
     host = host or get_host()
     backbone = host.backbones.get(config.backbone.name)
     loaded = backbone.load(path=config.backbone.path, dtype=config.backbone.dtype, seed=config.backbone.seed)
+    apply_threads(None, loaded.model, rows=config.batch_size)  # torch's threads, as a training run chooses them
     model = loaded.model
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
