@@ -156,6 +156,7 @@ def _command(argv: list[str], point: str | None, n: int, signal_number: int, std
 
     if stderr is not None:
         os.dup2(os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (the fork server ignores it)
     warnings.simplefilter("ignore")
     _SIGNAL[0] = signal_number
     if point is not None:

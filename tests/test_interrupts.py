@@ -53,11 +53,25 @@ def test_only_the_first_signal_raises_so_the_save_after_it_finishes():
 
 
 def test_without_leaf_a_deferred_block_hands_ctrl_c_to_pythons_own_handler():
-    with pytest.raises(KeyboardInterrupt) as caught:
-        with deferred_interrupts():
-            signal.raise_signal(signal.SIGINT)
-            held = True
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own (a background job has SIG_IGN)
+    try:
+        with pytest.raises(KeyboardInterrupt) as caught:
+            with deferred_interrupts():
+                signal.raise_signal(signal.SIGINT)
+                held = True
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert held and not isinstance(caught.value, Interrupted) and exit_status(caught.value) == 130
+
+
+def test_a_signal_the_process_ignores_stays_ignored():
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with interrupts_as_exceptions():
+            signal.raise_signal(signal.SIGINT)  # nothing happens
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_an_error_inside_a_deferred_block_is_not_replaced_by_the_held_signal():
@@ -144,7 +158,8 @@ def test_signals_at_seeded_wall_clock_delays_from_start_up(straight, tmp_path):
     for _ in range(4):
         number, delay = rng.choice(SIGNALS), rng.uniform(0.3, 8.0)
         process = subprocess.Popen(command, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                   text=True)
+                                   text=True, restore_signals=True,  # SIGINT as in a terminal, even when
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # pytest ignores it
         time.sleep(delay)
         process.send_signal(number)
         _, errors = process.communicate(timeout=600)

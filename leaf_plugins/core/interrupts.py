@@ -62,8 +62,9 @@ def _in_main_thread() -> bool:
 @contextlib.contextmanager
 def interrupts_as_exceptions() -> Iterator[None]:
     """SIGINT and SIGTERM raise ``Interrupted`` (once) inside the block; the previous
-    handlers are restored after it. Outside the main thread it does nothing (Python
-    delivers signals to the main thread only)."""
+    handlers are restored after it. A signal the process was started ignoring (a
+    background job of a script ignores SIGINT) stays ignored. Outside the main thread it
+    does nothing (Python delivers signals to the main thread only)."""
     if not _in_main_thread():
         yield
         return
@@ -74,7 +75,8 @@ def interrupts_as_exceptions() -> Iterator[None]:
         raise _received[0]
 
     _received.clear()
-    previous = {number: signal.signal(number, handle) for number in INTERRUPT_SIGNALS}
+    previous = {number: signal.signal(number, handle) for number in INTERRUPT_SIGNALS
+                if signal.getsignal(number) is not signal.SIG_IGN}  # an ignored signal stays ignored (`cmd &` in a script)
     try:
         yield
     finally:
