@@ -11,7 +11,7 @@ Two pieces:
   cannot tear the save it is waiting for (``kill -9`` still stops it at once; a kill
   loses at most the steps since the last checkpoint).
 - ``deferred_interrupts()``: a block that must not be cut in two (an optimizer step and
-  the log line that records it, a checkpoint's rename) holds SIGINT and SIGTERM and
+  the log line that records it, a checkpoint write) holds SIGINT and SIGTERM and
   delivers them, to whatever handler was installed before, when it ends.
 """
 
