@@ -1,16 +1,20 @@
-"""Plugins replace training stages through the hooks; bad prompts are named."""
+"""Plugins replace training stages through the hooks (passed in code, or named in the run
+config's ``plugins``); bad prompts are named."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
 import torch
 
 from leaf_plugins import ConfigError, hookimpl
+from leaf_plugins.core.plugins import PluginHost
 from leaf_plugins.training.loss import policy_loss
+from leaf_plugins.training.stage_plugins import PluginStageError, resolve_plugin
 from leaf_plugins.training.trainer import Trainer
-from training_cases import config, examples, host
+from training_cases import TestRewards, config, examples, host
 
 
 class ConstantScores:
@@ -43,3 +47,71 @@ def test_too_long_prompts_are_named(tmp_path):
     cfg = replace(cfg, rollout=replace(cfg.rollout, max_prompt_tokens=3))
     with pytest.raises(ConfigError, match=r"example 'clip-\d+': its prompt has \d+ text tokens, more than rollout.max_prompt_tokens=3"):
         Trainer(cfg, examples(), host=host()).run()
+
+
+class FixedScore:
+    """Scores every response ``value``."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    @hookimpl
+    def score_rollouts(self, context, rollout):
+        return torch.full((rollout.batch.size,), self.value)
+
+
+class FailsAtStepEnd:
+    @hookimpl
+    def on_step_end(self, step, metrics):
+        raise ValueError("the tracker is unreachable")
+
+
+class ChoosesBoundaries:
+    @hookimpl
+    def select_boundaries(self, batch, params):
+        return None
+
+
+class DoesNothing:
+    @hookimpl
+    def register_rewards(self, register):
+        pass
+
+
+def named_host() -> PluginHost:
+    """The test reward and plugins installed under names (as entry points would be)."""
+    return PluginHost.discover(extra_plugins=[
+        ("test-rewards", TestRewards()), ("quarter", FixedScore(0.25)), ("half", FixedScore(0.5)),
+        ("fails-at-step-end", FailsAtStepEnd()), ("chooses-boundaries", ChoosesBoundaries()),
+        ("does-nothing", DoesNothing())], strict=True)
+
+
+def test_named_plugins_replace_a_stage_the_first_named_first(tmp_path):
+    installed = named_host()
+
+    def first_reward(names, directory):
+        cfg = replace(config(tmp_path / directory, "grpo", steps=1), plugins=names)
+        return Trainer(cfg, examples(), host=installed).run()[0]["reward_mean"]
+
+    assert first_reward(["half", "quarter"], "a") == 0.5
+    assert first_reward(["quarter", "half"], "b") == 0.25
+    assert first_reward([], "c") not in (0.25, 0.5)  # installed, not named: the run's own reward (vowel share)
+
+
+def test_a_plugin_failing_in_a_hook_is_named_with_the_hook_and_step(tmp_path):
+    cfg = replace(config(tmp_path, "grpo", steps=2, checkpoint_every=1), plugins=["fails-at-step-end"])
+    with pytest.raises(PluginStageError, match=r"^plugin 'fails-at-step-end' failed in its on_step_end hook at "
+                                               r"step 1: ValueError: the tracker is unreachable$"):
+        Trainer(cfg, examples(), host=named_host()).run()
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("chooses-boundaries", "implements the estimator stage 'select_boundaries'"),
+    ("does-nothing", "implements none of the hooks a run config enables"),
+    ("halff", "unknown plugin 'halff': not an installed leaf_plugins entry point nor an importable module. "
+              "Did you mean 'half'?"),
+    ("json.nonexistent_module", "unknown plugin 'json.nonexistent_module'"),
+])
+def test_plugins_a_run_config_cannot_enable_are_refused(name, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        resolve_plugin(name, named_host())

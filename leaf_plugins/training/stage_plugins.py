@@ -12,6 +12,7 @@ prints as one line; the run's checkpoints stay as they were, so the same command
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import importlib.metadata
@@ -25,12 +26,13 @@ from typing import Any, Callable, Iterable, Sequence
 import pluggy
 
 from leaf_plugins.core.errors import ConfigError, LeafError, suggest
-from leaf_plugins.core.hookspecs import PROJECT
+from leaf_plugins.core.hookspecs import PROJECT, LeafSpecs
 from leaf_plugins.core.plugins import PluginHost
-from leaf_plugins.core.stages import StepContext
+from leaf_plugins.core.stages import Rollout, StepContext
 
 __all__ = ["RUN_HOOKS", "ESTIMATOR_STAGES", "PLUGINS_RECORD", "StagePlugin", "PluginStageError", "resolve_plugin",
-           "resolve_plugins", "plugins_validator", "guarded", "register_stage_plugins", "record_plugins"]
+           "resolve_plugins", "plugins_validator", "guarded", "register_stage_plugins", "record_plugins", "RolloutStage",
+           "rollout_stage"]
 
 RUN_HOOKS = ("rollout", "score_rollouts", "compute_loss", "on_step_end", "on_estimate")
 ESTIMATOR_STAGES = ("select_boundaries", "retain_nodes", "compute_advantages")
@@ -226,3 +228,34 @@ def record_plugins(output_dir: Path, plugins: Sequence[StagePlugin], step: int) 
         history.append({"from_step": step, "plugins": current})
         replace_text(path, json.dumps(history, indent=1))
 
+
+
+@dataclass(frozen=True)
+class RolloutStage:
+    """The ``rollout`` hook of a run's named plugins, for sampling outside training
+    (``leaf eval generate``, a study's held-out evaluation): each call is a step whose
+    run config carries the evaluation's sampling settings."""
+
+    hook: Any  # the manager's hook caller
+    config: Any  # the run's TrainConfig
+
+    def __call__(self, number: int, model: Any, loaded: Any, examples: Sequence[Any], inputs: dict[str, Any],
+                 group_size: int, max_new_tokens: int, temperature: float, top_p: float) -> Rollout | None:
+        """The plugins' rollout of batch ``number`` (None: no plugin sampled it)."""
+        settings = dataclasses.replace(self.config.rollout, group_size=group_size, max_new_tokens=max_new_tokens,
+                                       temperature=temperature, top_p=top_p)
+        context = StepContext(number, model, loaded, list(examples), inputs,
+                              dataclasses.replace(self.config, rollout=settings))
+        return self.hook(context=context)
+
+
+def rollout_stage(config: Any, host: PluginHost) -> RolloutStage | None:
+    """The ``rollout`` hook of the plugins ``config.plugins`` names (None when none
+    implements it), on a manager of their own."""
+    chosen = [plugin for plugin in resolve_plugins(config.plugins, host) if "rollout" in plugin.hooks]
+    if not chosen:
+        return None
+    manager = pluggy.PluginManager(PROJECT)
+    manager.add_hookspecs(LeafSpecs)
+    register_stage_plugins(manager, chosen)
+    return RolloutStage(manager.hook.rollout, config)
