@@ -115,3 +115,33 @@ def test_a_plugin_failing_in_a_hook_is_named_with_the_hook_and_step(tmp_path):
 def test_plugins_a_run_config_cannot_enable_are_refused(name, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         resolve_plugin(name, named_host())
+
+
+STUDY = """\
+output_dir: {out}
+base:
+  reward: vowel_share
+  plugins: [quarter]
+variations:
+  - {{label: base plugins, seed: 0}}
+  - {{label: two, plugins: [half, quarter]}}
+  - {{label: misspelt, plugins: [halff]}}
+"""
+
+
+def test_a_study_names_plugins_in_its_base_and_per_variation(tmp_path):
+    from leaf_plugins.studies.config import load_study
+
+    path = tmp_path / "study.yaml"
+    path.write_text(STUDY.format(out=tmp_path / "out"))
+    with pytest.raises(ConfigError) as caught:
+        load_study(path, host=named_host())
+    line = path.read_text().splitlines()[7]
+    errors = [error.strip() for error in str(caught.value).splitlines()[1:]]
+    assert errors == [f"{path}:8:{line.index('plugins') + 1}: base.plugins: unknown plugin 'halff': not an installed "
+                      f"leaf_plugins entry point nor an importable module. Did you mean 'half'? Installed plugins "
+                      f"with run-time hooks: fails-at-step-end, half, quarter"]
+    path.write_text(STUDY.format(out=tmp_path / "out").replace("halff", "half"))
+    study = load_study(path, host=named_host())
+    assert [(run.variation, run.config.plugins) for run in study.runs] == [
+        ("base plugins", ["quarter"]), ("two", ["half", "quarter"]), ("misspelt", ["half"])]
