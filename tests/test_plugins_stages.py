@@ -235,12 +235,14 @@ def test_an_unsupported_or_unknown_backend_is_refused_with_its_reason(site, cach
     assert "Unknown rollout backend 'recordin'. Did you mean 'recording'?" in done.stderr
 
 
-def test_plugins_lists_third_party_backends(site):
-    done = leaf(site, "plugins", "--kind", "rollout_backend")
+def test_plugins_lists_third_party_backends_and_stage_plugins(site):
+    done = leaf(site, "plugins")
     assert done.returncode == 0, done.stderr
     rows = [line.split()[:3] for line in done.stdout.splitlines()]
     assert ["rollout_backend", "recording", "leaf-test-backend"] in rows
     assert ["rollout_backend", "static", "leaf-plugins"] in rows
+    assert ["stage", "length-penalty", "leaf-length-penalty"] in rows
+    assert "hooks score_rollouts; enable it with plugins: [length-penalty] in a run config" in done.stdout
 
 
 def test_a_command_plugin_adds_a_leaf_command(site, cache, tmp_path):

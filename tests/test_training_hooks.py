@@ -145,3 +145,39 @@ def test_a_study_names_plugins_in_its_base_and_per_variation(tmp_path):
     study = load_study(path, host=named_host())
     assert [(run.variation, run.config.plugins) for run in study.runs] == [
         ("base plugins", ["quarter"]), ("two", ["half", "quarter"]), ("misspelt", ["half"])]
+
+
+class RecordingRollout:
+    """Samples with the built-in generate backend and records what each call was asked."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple] = []
+        self.texts: list[str] = []
+
+    @hookimpl
+    def rollout(self, context):
+        from leaf_plugins.training.rollout import sample_responses
+
+        settings = context.config.rollout
+        self.asked.append((context.step, len(context.examples), settings.group_size, settings.temperature,
+                           settings.top_p, settings.max_new_tokens))
+        rollout = sample_responses(context.model, context.loaded, context.inputs, settings.group_size,
+                                   settings.max_new_tokens, settings.temperature, settings.top_p, backend="generate")
+        self.texts.extend(rollout.texts)
+        return rollout
+
+
+def test_held_out_sampling_goes_through_a_named_rollout_plugin(tmp_path):
+    from leaf_plugins.evaluation.sampling import load_policy, sample_predictions
+    from leaf_plugins.training.stage_plugins import rollout_stage
+
+    recorder = RecordingRollout()
+    installed = PluginHost.discover(extra_plugins=[("test-rewards", TestRewards()), ("recording", recorder)],
+                                    strict=True)
+    cfg = replace(config(tmp_path, "grpo"), plugins=["recording"])
+    policy = load_policy(cfg.backbone, None, installed)
+    runs = sample_predictions(policy, examples(3), runs=2, temperature=0.7, top_p=0.8, max_new_tokens=5,
+                              batch_prompts=2, stage=rollout_stage(cfg, installed))
+    assert recorder.asked == [(0, 2, 2, 0.7, 0.8, 5), (1, 1, 2, 0.7, 0.8, 5)]  # the evaluation's settings
+    assert [text for example in zip(*runs) for text in example] == recorder.texts  # prompt-major, runs consecutive
+    assert rollout_stage(replace(cfg, plugins=[]), installed) is None

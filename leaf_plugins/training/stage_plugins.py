@@ -31,7 +31,7 @@ from leaf_plugins.core.plugins import PluginHost
 from leaf_plugins.core.stages import Rollout, StepContext
 
 __all__ = ["RUN_HOOKS", "ESTIMATOR_STAGES", "PLUGINS_RECORD", "StagePlugin", "PluginStageError", "resolve_plugin",
-           "resolve_plugins", "plugins_validator", "guarded", "register_stage_plugins", "record_plugins", "RolloutStage",
+           "resolve_plugins", "run_hooks_of", "plugins_validator", "guarded", "register_stage_plugins", "record_plugins", "RolloutStage",
            "rollout_stage"]
 
 RUN_HOOKS = ("rollout", "score_rollouts", "compute_loss", "on_step_end", "on_estimate")
@@ -107,7 +107,7 @@ def _import(name: str, host: PluginHost) -> object:
                 raise ConfigError(f"plugin module {name!r} failed to import: ModuleNotFoundError: {error}") from None
         except Exception as error:  # the module itself is broken: say how
             raise ConfigError(f"plugin module {name!r} failed to import: {type(error).__name__}: {error}") from None
-    usable = sorted(loaded.name for loaded in host.loaded.values() if _run_impls_or_none(loaded.plugin))
+    usable = sorted(loaded.name for loaded in host.loaded.values() if run_hooks_of(loaded.plugin))
     raise ConfigError(f"unknown plugin {name!r}: not an installed leaf_plugins entry point nor an importable module."
                       f"{suggest(name, list(host.loaded))} Installed plugins with run-time hooks: "
                       f"{', '.join(usable) or '(none)'}")
@@ -128,8 +128,9 @@ def _run_impls(name: str, plugin: object) -> tuple[tuple[str, str, dict[str, Any
     return run
 
 
-def _run_impls_or_none(plugin: object) -> bool:
-    return any(hook in RUN_HOOKS for _, hook, _ in _hookimpls(plugin))
+def run_hooks_of(plugin: object) -> list[str]:
+    """The run-time hooks ``plugin`` implements (those a run config can enable), sorted."""
+    return sorted({hook for _, hook, _ in _hookimpls(plugin) if hook in RUN_HOOKS})
 
 
 def _hookimpls(plugin: object) -> list[tuple[str, str, dict[str, Any]]]:
