@@ -33,8 +33,7 @@ def build_parser(commands: PluginHost | None = None) -> argparse.ArgumentParser:
             entry.value.add_arguments(own)
             described = {"help": entry.value.help, "epilog": getattr(entry.value, "epilog", None)}
         except Exception as error:  # a broken command plugin must not take the other commands down
-            message = f"command {entry.name!r} of {entry.origin} failed to set up its arguments: " \
-                      f"{type(error).__name__}: {error}"
+            message = f"command {entry.name!r} of {entry.origin}: add_arguments raised {type(error).__name__}: {error}"
             if os.environ.get(STRICT_ENV, "") not in ("", "0"):
                 raise PluginLoadError(message) from error
             warnings.warn(f"leaf-plugins: skipped {message} (set {STRICT_ENV}=1 to make this fatal)", PluginWarning,
@@ -48,7 +47,11 @@ def build_parser(commands: PluginHost | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``leaf``."""
-    parser = build_parser()
+    try:
+        parser = build_parser()
+    except LeafError as error:  # a broken command plugin under LEAF_PLUGINS_STRICT=1
+        print(f"leaf: error: {error}", file=sys.stderr)
+        return 2
     args, extra = parser.parse_known_args(argv)
     if extra and hasattr(args, "overrides") and all("=" in arg and not arg.startswith("-") for arg in extra):
         args.overrides += extra  # overrides after an option: `leaf study FILE --check seeds=[0]`

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -101,7 +102,10 @@ def site(tmp_path_factory) -> Path:
     for relative, text in BACKEND_PACKAGE.items():
         (backend / relative).parent.mkdir(parents=True, exist_ok=True)
         (backend / relative).write_text(textwrap.dedent(text).lstrip())
-    for package in (EXAMPLES / "leaf-length-penalty", EXAMPLES / "leaf-runs", EXAMPLES / "leaf-broken", backend):
+    sources = tmp_path_factory.mktemp("sources")
+    for example in ("leaf-length-penalty", "leaf-runs", "leaf-broken-commands"):  # copied: pip builds in the tree
+        shutil.copytree(EXAMPLES / example, sources / example, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    for package in (*sorted(sources.iterdir()), backend):
         subprocess.run(
             [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--quiet",
              "--disable-pip-version-check", "--target", str(target), str(package)],
@@ -168,6 +172,7 @@ def test_a_named_score_rollouts_plugin_changes_the_reward_and_an_unnamed_one_not
 
 
 def test_the_length_penalty_example_config_names_the_plugin(site):
+    """The command of docs/plugins.md and the example's README, once the example is installed."""
     done = leaf(site, "train", str(EXAMPLES / "leaf-length-penalty" / "run.yaml"), "--check")
     assert done.returncode == 0, done.stderr
 
@@ -266,7 +271,9 @@ def test_broken_command_plugins_leave_the_other_commands_working(site):
         assert f"    {command} " in done.stdout
     assert "broken" not in done.stdout
     assert "skipped plugin 'broken-import'" in done.stderr  # fails to import
-    assert "skipped command 'broken' of leaf-broken failed to set up its arguments: RuntimeError" in done.stderr
+    assert ("skipped command 'broken' of leaf-broken-commands: add_arguments raised RuntimeError: this command is "
+            "broken on purpose") in done.stderr
     assert leaf(site, "plugins", "--kind", "task").returncode == 0
     strict = leaf(site, "--help", strict=True)
-    assert strict.returncode != 0 and "broken-import" in strict.stderr
+    assert strict.returncode == 2 and "Traceback" not in strict.stderr
+    assert strict.stderr.startswith("leaf: error: plugin 'broken-import' failed to load: ImportError")

@@ -42,7 +42,7 @@ class RolloutRequest:
 
     model: Any  # the policy (a PeftModel in training; the backbone's model, with or without adapter, in evaluation)
     loaded: "LoadedBackbone"  # the backbone: tokenizer / processor, special token ids
-    inputs: dict[str, torch.Tensor]  # the prompts' model inputs, left padded [P, L]; ``inputs_embeds`` [P, L, H] if embedded
+    inputs: dict[str, torch.Tensor]  # the prompts' model inputs, left padded [P, L]; inputs_embeds [P, L, H] if embedded
     group_size: int  # K responses per prompt
     max_new_tokens: int
     temperature: float

@@ -31,8 +31,8 @@ from leaf_plugins.core.plugins import PluginHost
 from leaf_plugins.core.stages import Rollout, StepContext
 
 __all__ = ["RUN_HOOKS", "ESTIMATOR_STAGES", "PLUGINS_RECORD", "StagePlugin", "PluginStageError", "resolve_plugin",
-           "resolve_plugins", "run_hooks_of", "plugins_validator", "guarded", "register_stage_plugins", "record_plugins", "RolloutStage",
-           "rollout_stage"]
+           "resolve_plugins", "run_hooks_of", "plugins_validator", "guarded", "register_stage_plugins",
+           "record_plugins", "RolloutStage", "rollout_stage"]
 
 RUN_HOOKS = ("rollout", "score_rollouts", "compute_loss", "on_step_end", "on_estimate")
 ESTIMATOR_STAGES = ("select_boundaries", "retain_nodes", "compute_advantages")

@@ -2,8 +2,8 @@
 
 Rollout, scoring and the loss are hooks (``rollout``, ``score_rollouts``,
 ``compute_loss``) on the run's plugin manager, next to the estimator's stages, so a
-plugin the run config names in ``plugins:`` replaces any of them (``stage_plugins.py``). Runs work
-unchanged under ``accelerate launch`` (each process takes its share of the step's
+plugin the run config names in ``plugins:`` replaces any of them (``stage_plugins.py``).
+Runs work unchanged under ``accelerate launch`` (each process takes its share of the step's
 prompts; gradients are averaged by DDP), resume exactly from their newest checkpoint,
 and save one on Ctrl-C.
 """

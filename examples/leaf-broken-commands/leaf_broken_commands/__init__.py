@@ -1,5 +1,5 @@
-"""Command plugins that break, as broken third-party commands would: one whose
-``add_arguments`` raises, and (``leaf_broken``) one whose import fails."""
+"""A command plugin whose ``add_arguments`` raises, as a broken third-party command would
+(``missing`` is one whose import fails)."""
 
 from leaf_plugins import hookimpl
 from leaf_plugins.core.command import Command
