@@ -1,36 +1,48 @@
-"""The ``leaf`` console script: discovers its sub-commands in ``leaf_plugins.commands``."""
+"""The ``leaf`` console script: its sub-commands are those the ``register_commands`` hook
+registers (the built-ins in ``leaf_plugins.commands`` and any package's, through the
+``leaf_plugins.commands`` entry-point group)."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
-import pkgutil
+import os
 import sys
 import warnings
 from typing import Iterator, Sequence
 
-from leaf_plugins import commands
-from leaf_plugins.core.errors import ConfigNotice, LeafError
+from leaf_plugins.core.errors import ConfigNotice, LeafError, PluginLoadError
 from leaf_plugins.core.interrupts import exit_status, interrupt_received, interrupts_as_exceptions
+from leaf_plugins.core.plugins import STRICT_ENV, PluginHost, PluginWarning, discover_commands
 from leaf_plugins.core.version import package_version
 
 __all__ = ["main", "build_parser"]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with one sub-parser per command module (a module's optional
-    ``EPILOG`` is shown below its options, as written)."""
+def build_parser(commands: PluginHost | None = None) -> argparse.ArgumentParser:
+    """The argument parser with one sub-parser per registered command (a command's
+    optional ``epilog`` is shown below its options, as written). A command whose
+    ``add_arguments`` raises is left out with a warning naming it (fatal with
+    ``LEAF_PLUGINS_STRICT=1``)."""
+    commands = commands or discover_commands()
     parser = argparse.ArgumentParser(prog="leaf", description="Tree-credit RL post-training for speech LLMs.")
     parser.add_argument("--version", action="version", version=f"leaf-plugins {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        module = importlib.import_module(f"{commands.__name__}.{info.name}")
-        command = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP,
-                                 epilog=getattr(module, "EPILOG", None),
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-        module.add_arguments(command)
-        command.set_defaults(run=module.run)
+    for entry in commands.registries["command"]:
+        try:  # its arguments go to a parser of its own first, so a failure leaves no half-built command
+            own = argparse.ArgumentParser(prog=f"{parser.prog} {entry.name}", add_help=False)
+            entry.value.add_arguments(own)
+            described = {"help": entry.value.help, "epilog": getattr(entry.value, "epilog", None)}
+        except Exception as error:  # a broken command plugin must not take the other commands down
+            message = f"command {entry.name!r} of {entry.origin}: add_arguments raised {type(error).__name__}: {error}"
+            if os.environ.get(STRICT_ENV, "") not in ("", "0"):
+                raise PluginLoadError(message) from error
+            warnings.warn(f"leaf-plugins: skipped {message} (set {STRICT_ENV}=1 to make this fatal)", PluginWarning,
+                          stacklevel=2)
+            continue
+        command = sub.add_parser(entry.name, parents=[own], help=described["help"], description=described["help"],
+                                 epilog=described["epilog"], formatter_class=argparse.RawDescriptionHelpFormatter)
+        command.set_defaults(run=entry.value.run)
     return parser
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import pytest
 
@@ -11,7 +12,7 @@ from leaf_plugins import ConfigError, RolloutBatch, UnknownNameError, estimate, 
 from leaf_plugins.cli import main
 from leaf_plugins.core.errors import DuplicateNameError
 from leaf_plugins.core.hookspecs import LeafSpecs
-from leaf_plugins.core.plugins import PluginHost
+from leaf_plugins.core.plugins import PluginHost, discover_commands
 from leaf_plugins.core.registry import Registry
 
 BUILTIN_ESTIMATORS = {"grpo", "leaf", "collision", "full_tree", "otb"}
@@ -109,6 +110,21 @@ def test_every_hook_is_documented_and_firstresult_hooks_say_so():
         assert len(doc) > 40, f"hook {name} needs a docstring (the hookspecs are the plugin reference)"
         first_result = getattr(fn, "leaf_plugins_spec")["firstresult"]
         assert ("Stops at first non-None result." in doc) == first_result, name
+
+
+def test_the_writing_plugins_guide_names_every_hook():
+    guide = (Path(leaf_plugins.__file__).parents[1] / "docs" / "plugins.md").read_text()
+    for name, _ in inspect.getmembers(LeafSpecs, inspect.isfunction):
+        assert f"`{name}`" in guide, f"docs/plugins.md does not name the hook {name}"
+
+
+def test_builtin_rollout_backends_and_commands_register_through_entry_points():
+    host = PluginHost.discover(strict=True)
+    assert host.rollout_backends.names() == ["generate", "static"]
+    assert {entry.origin for entry in host.rollout_backends} == {"leaf-plugins"}
+    commands = discover_commands(strict=True).registries["command"]
+    assert {"train", "study", "eval", "plugins", "bench", "tasks"} <= set(commands.names())
+    assert {entry.origin for entry in commands} == {"leaf-plugins"}
 
 
 def test_cli_lists_plugins(capsys):

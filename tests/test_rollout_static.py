@@ -349,7 +349,7 @@ def test_the_backend_switch():
     with pytest.raises(ConfigError, match=r"rollout.backend=static: Qwen2AudioForConditionalGeneration \(text model "
                                           r"type 'qwen2'\) uses sliding-window"):
         resolve_backend(sliding.model, "static")
-    with pytest.raises(ConfigError, match="rollout.backend must be one of static, generate, got 'vllm'"):
+    with pytest.raises(ConfigError, match="rollout.backend: Unknown rollout backend 'vllm'. Available: generate, static"):
         resolve_backend(loaded.model, "vllm")
     dynamic = variant("tiny-granite-speech", rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0,
                                                               "factor": 2.0})
@@ -443,7 +443,8 @@ def test_rollout_backend_in_a_run_config(tmp_path):
 
     path = tmp_path / "run.yaml"
     path.write_text("steps: 1\nrollout:\n  backend: vllm\n")
-    with pytest.raises(ConfigError, match=rf"{path}:3:3: rollout.backend: must be one of static, generate"):
+    with pytest.raises(ConfigError, match=rf"{path}:3:3: rollout.backend: Unknown rollout backend 'vllm'. "
+                                          rf"Available: generate, static"):
         load_train_config(path)
     path.write_text("steps: 1\n")
     assert load_train_config(path).rollout.backend is None  # static where the model supports it

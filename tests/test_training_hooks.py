@@ -1,16 +1,20 @@
-"""Plugins replace training stages through the hooks; bad prompts are named."""
+"""Plugins replace training stages through the hooks (passed in code, or named in the run
+config's ``plugins``); bad prompts are named."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
 import torch
 
 from leaf_plugins import ConfigError, hookimpl
+from leaf_plugins.core.plugins import PluginHost
 from leaf_plugins.training.loss import policy_loss
+from leaf_plugins.training.stage_plugins import PluginStageError, resolve_plugin
 from leaf_plugins.training.trainer import Trainer
-from training_cases import config, examples, host
+from training_cases import TestRewards, config, examples, host
 
 
 class ConstantScores:
@@ -43,3 +47,137 @@ def test_too_long_prompts_are_named(tmp_path):
     cfg = replace(cfg, rollout=replace(cfg.rollout, max_prompt_tokens=3))
     with pytest.raises(ConfigError, match=r"example 'clip-\d+': its prompt has \d+ text tokens, more than rollout.max_prompt_tokens=3"):
         Trainer(cfg, examples(), host=host()).run()
+
+
+class FixedScore:
+    """Scores every response ``value``."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    @hookimpl
+    def score_rollouts(self, context, rollout):
+        return torch.full((rollout.batch.size,), self.value)
+
+
+class FailsAtStepEnd:
+    @hookimpl
+    def on_step_end(self, step, metrics):
+        raise ValueError("the tracker is unreachable")
+
+
+class ChoosesBoundaries:
+    @hookimpl
+    def select_boundaries(self, batch, params):
+        return None
+
+
+class DoesNothing:
+    @hookimpl
+    def register_rewards(self, register):
+        pass
+
+
+def named_host() -> PluginHost:
+    """The test reward and plugins installed under names (as entry points would be)."""
+    return PluginHost.discover(extra_plugins=[
+        ("test-rewards", TestRewards()), ("quarter", FixedScore(0.25)), ("half", FixedScore(0.5)),
+        ("fails-at-step-end", FailsAtStepEnd()), ("chooses-boundaries", ChoosesBoundaries()),
+        ("does-nothing", DoesNothing())], strict=True)
+
+
+def test_named_plugins_replace_a_stage_the_first_named_first(tmp_path):
+    installed = named_host()
+
+    def first_reward(names, directory):
+        cfg = replace(config(tmp_path / directory, "grpo", steps=1), plugins=names)
+        return Trainer(cfg, examples(), host=installed).run()[0]["reward_mean"]
+
+    assert first_reward(["half", "quarter"], "a") == 0.5
+    assert first_reward(["quarter", "half"], "b") == 0.25
+    assert first_reward([], "c") not in (0.25, 0.5)  # installed, not named: the run's own reward (vowel share)
+
+
+def test_a_plugin_failing_in_a_hook_is_named_with_the_hook_and_step(tmp_path):
+    cfg = replace(config(tmp_path, "grpo", steps=2, checkpoint_every=1), plugins=["fails-at-step-end"])
+    with pytest.raises(PluginStageError, match=r"^plugin 'fails-at-step-end' failed in its on_step_end hook at "
+                                               r"step 1: ValueError: the tracker is unreachable$"):
+        Trainer(cfg, examples(), host=named_host()).run()
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("chooses-boundaries", "implements the estimator stage 'select_boundaries'"),
+    ("does-nothing", "implements none of the hooks a run config enables"),
+    ("halff", "unknown plugin 'halff': not an installed leaf_plugins entry point nor an importable module. "
+              "Did you mean 'half'?"),
+    ("json.nonexistent_module", "unknown plugin 'json.nonexistent_module'"),
+])
+def test_plugins_a_run_config_cannot_enable_are_refused(name, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        resolve_plugin(name, named_host())
+
+
+STUDY = """\
+output_dir: {out}
+base:
+  reward: vowel_share
+  plugins: [quarter]
+variations:
+  - {{label: base plugins, seed: 0}}
+  - {{label: two, plugins: [half, quarter]}}
+  - {{label: misspelt, plugins: [halff]}}
+"""
+
+
+def test_a_study_names_plugins_in_its_base_and_per_variation(tmp_path):
+    from leaf_plugins.studies.config import load_study
+
+    path = tmp_path / "study.yaml"
+    path.write_text(STUDY.format(out=tmp_path / "out"))
+    with pytest.raises(ConfigError) as caught:
+        load_study(path, host=named_host())
+    line = path.read_text().splitlines()[7]
+    errors = [error.strip() for error in str(caught.value).splitlines()[1:]]
+    assert errors == [f"{path}:8:{line.index('plugins') + 1}: base.plugins: unknown plugin 'halff': not an installed "
+                      f"leaf_plugins entry point nor an importable module. Did you mean 'half'? Installed plugins "
+                      f"with run-time hooks: fails-at-step-end, half, quarter"]
+    path.write_text(STUDY.format(out=tmp_path / "out").replace("halff", "half"))
+    study = load_study(path, host=named_host())
+    assert [(run.variation, run.config.plugins) for run in study.runs] == [
+        ("base plugins", ["quarter"]), ("two", ["half", "quarter"]), ("misspelt", ["half"])]
+
+
+class RecordingRollout:
+    """Samples with the built-in generate backend and records what each call was asked."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple] = []
+        self.texts: list[str] = []
+
+    @hookimpl
+    def rollout(self, context):
+        from leaf_plugins.training.rollout import sample_responses
+
+        settings = context.config.rollout
+        self.asked.append((context.step, len(context.examples), settings.group_size, settings.temperature,
+                           settings.top_p, settings.max_new_tokens))
+        rollout = sample_responses(context.model, context.loaded, context.inputs, settings.group_size,
+                                   settings.max_new_tokens, settings.temperature, settings.top_p, backend="generate")
+        self.texts.extend(rollout.texts)
+        return rollout
+
+
+def test_held_out_sampling_goes_through_a_named_rollout_plugin(tmp_path):
+    from leaf_plugins.evaluation.sampling import load_policy, sample_predictions
+    from leaf_plugins.training.stage_plugins import rollout_stage
+
+    recorder = RecordingRollout()
+    installed = PluginHost.discover(extra_plugins=[("test-rewards", TestRewards()), ("recording", recorder)],
+                                    strict=True)
+    cfg = replace(config(tmp_path, "grpo"), plugins=["recording"])
+    policy = load_policy(cfg.backbone, None, installed)
+    runs = sample_predictions(policy, examples(3), runs=2, temperature=0.7, top_p=0.8, max_new_tokens=5,
+                              batch_prompts=2, stage=rollout_stage(cfg, installed))
+    assert recorder.asked == [(0, 2, 2, 0.7, 0.8, 5), (1, 1, 2, 0.7, 0.8, 5)]  # the evaluation's settings
+    assert [text for example in zip(*runs) for text in example] == recorder.texts  # prompt-major, runs consecutive
+    assert rollout_stage(replace(cfg, plugins=[]), installed) is None

@@ -22,7 +22,8 @@ HELP = ("'generate' samples N prediction runs of a trained run (the paper's deco
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="evaluation", required=True, metavar="EVALUATION")
     generate = sub.add_parser("generate", help="sample N prediction runs from a run's checkpoint over a task split")
-    generate.add_argument("config", type=Path, metavar="RUN.yaml", help="the run config (backbone, task)")
+    generate.add_argument("config", type=Path, metavar="RUN.yaml", help="the run config (backbone, task, rollout.backend; a "
+                          "plugin it names in plugins: with a rollout hook samples)")
     generate.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="run-config overrides")
     generate.add_argument("--checkpoint", type=Path, metavar="RUN_DIR",
                           help="run directory whose newest checkpoint samples (default: the config's output_dir if "
@@ -144,14 +145,17 @@ def _write(out: Path, stem: str, header: tuple[str, ...], rows: list[tuple]) -> 
 def run_generate(args: argparse.Namespace) -> int:
     from leaf_plugins.evaluation.predictions import write_predictions
     from leaf_plugins.evaluation.sampling import load_policy, run_to_sample, sample_predictions
+    from leaf_plugins.core.plugins import get_host
     from leaf_plugins.training.config import load_train_config, task_examples
+    from leaf_plugins.training.stage_plugins import rollout_stage
 
     config = load_train_config(args.config, args.overrides)
     run_dir = run_to_sample(config.output_dir, args.checkpoint)
     examples = task_examples(config.task, args.split)[: args.limit]
     policy = load_policy(config.backbone, run_dir)
     runs = sample_predictions(policy, examples, args.runs, args.temperature, args.top_p, args.max_new_tokens,
-                              args.batch_prompts, args.seed)
+                              args.batch_prompts, args.seed, config.rollout.backend,
+                              rollout_stage(config, get_host()))
     paths = write_predictions(args.out, examples, runs)
     print(f"{len(examples)} examples x {args.runs} runs from {run_dir or 'the starting model'}: "
           f"{' '.join(str(path) for path in paths)}")

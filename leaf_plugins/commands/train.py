@@ -18,6 +18,10 @@ and leaves out those it does not (one note names them and their file:line:col); 
 parameter given on the command line, or one no estimator reads, is checked and an error
 with a did-you-mean. 'estimator.params={...}' replaces them all (docs/training.md).
 
+plugins: a run uses the training-stage hooks (rollout, score_rollouts, compute_loss, ...)
+of the plugins its config names, e.g. 'plugins=[length-penalty]', and of no other
+(leaf plugins --kind stage lists those installed; docs/plugins.md).
+
 A run resumes from the newest checkpoint in its output_dir (and says from which step):
 give a run with other settings its own output_dir."""
 

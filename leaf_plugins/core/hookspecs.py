@@ -3,15 +3,17 @@
 Two kinds of hooks live here.
 
 *Discovery hooks* (``register_*``) are called once, on the global plugin manager that
-loads the built-ins and every package in the ``leaf_plugins`` entry-point group. They
-collect through a ``register`` callback, so the host owns the registries and can
-reject duplicate names.
+loads the built-ins and every package in the ``leaf_plugins`` entry-point group
+(``register_commands``: the ``leaf_plugins.commands`` group, which the ``leaf`` console
+script loads alone, so that ``leaf --help`` imports no model code). They collect through
+a ``register`` callback, so the host owns the registries and can reject duplicate names.
 
 *Run-time hooks* are called on a fresh per-run plugin manager that holds exactly one
-estimator (plus the observers and the trainer's default stages). The stage hooks are
-``firstresult``: they stop at the first non-None result, so which other plugins are
-installed never changes a result. ``on_*`` observer hooks return nothing and are called
-on every plugin that implements them.
+estimator, the trainer's default stages, and the plugins the run config names in
+``plugins:`` (an installed plugin is used only when named). The stage hooks are
+``firstresult``: they stop at the first non-None result; a named plugin's implementation
+comes before the built-in stage, and of two named plugins the one named first. ``on_*``
+observer hooks return nothing and are called on every plugin that implements them.
 
 A plugin is a module or an object whose methods are decorated with
 ``leaf_plugins.hookimpl`` and named exactly as below.
@@ -80,6 +82,63 @@ class LeafSpecs:
             scores each prediction against its reference.
         """
 
+    @hookspec
+    def register_rollout_backends(self, register: Callable[[str, Any], None]) -> None:
+        """Register rollout backends: engines that sample the responses of a step
+        (``rollout.backend: NAME`` in a run config selects one; ``static`` and
+        ``generate`` are the built-ins, registered through this hook).
+
+        :param register: call ``register(name, backend)`` once per backend. ``backend``
+            is an object with
+
+            ``sample(request: RolloutRequest) -> Rollout`` (``core/stages.py``)
+                ``request`` holds the policy model, the loaded backbone, the prompts'
+                inputs (left padded ``[P, L]``, with ``inputs_embeds`` ``[P, L, H]`` when
+                the prompts are already embedded), ``group_size`` K, ``max_new_tokens``,
+                ``temperature``, ``top_p``, ``surprisal_from``, one group id per prompt
+                and, in training, the step's ``StepContext`` (None in evaluation). It
+                returns a ``Rollout`` of ``N = P·K`` rows, the K responses of a prompt
+                consecutive, prompts in input order: ``batch.tokens [N, T]`` int64 with
+                EOS included and -1 after it; ``batch.logprobs [N, T]`` log π_old of each
+                sampled token under logits / temperature *without* top-p (what the loss
+                ratio needs); ``batch.surprisal [N, T]`` (under the sampling distribution
+                after temperature and top-p for ``surprisal_from="sampling"``, else
+                ``-logprobs``); ``batch.sum_pi_squared [N, T]`` Σ_v π_old(v)²;
+                ``batch.vocab_size`` the logits' width; ``batch.group_ids [N]`` the
+                request's ids; rewards 0; ``prompt_index [N]`` int64 the prompt of each
+                row; ``texts`` the decoded responses (special tokens skipped). Padding
+                positions hold 0 in the float fields.
+
+            ``unsupported_reason(model) -> str | None`` (optional)
+                Why the backend cannot sample from ``model`` (a sentence naming what is
+                unsupported), or None when it can. Asked before a run starts: a run config
+                that names an unsupported backend is refused with this reason. Without
+                this method the backend supports every model.
+
+            and a docstring whose first line describes it in ``leaf plugins``. With
+            ``rollout.backend`` unset the built-in default applies (``static`` where it
+            supports the model, else ``generate``, with a notice); a third-party backend
+            runs only when named.
+        """
+
+    @hookspec
+    def register_commands(self, register: Callable[[str, Any], None]) -> None:
+        """Register sub-commands of the ``leaf`` console script (``leaf NAME ...``).
+
+        Implemented by the modules of the ``leaf_plugins.commands`` entry-point group
+        (the built-in commands are one), which ``leaf`` loads on its own plugin manager.
+
+        :param register: call ``register(name, command)`` once per command, where
+            ``command`` is a ``leaf_plugins.core.command.Command`` or any object with
+            ``help`` (one line for ``leaf --help``), ``add_arguments(parser)`` (adds its
+            arguments to its ``argparse`` sub-parser), ``run(args) -> int | None`` (the
+            exit status; None is 0) and optionally ``epilog`` (text shown below its
+            options). ``run`` should raise ``leaf_plugins.LeafError`` for bad input:
+            ``leaf`` prints it as one line and exits with status 2. A command that fails
+            to import, to register or in ``add_arguments`` is skipped with a warning
+            naming it (fatal with ``LEAF_PLUGINS_STRICT=1``); the other commands work.
+        """
+
     # ------------------------------------------------------------------ estimator stages
     @hookspec(firstresult=True)
     def select_boundaries(self, batch: RolloutBatch, params: EstimatorParams) -> Boundaries | None:
@@ -127,15 +186,16 @@ class LeafSpecs:
     # ------------------------------------------------------------------ training stages
     @hookspec(firstresult=True)
     def rollout(self, context: StepContext) -> Rollout | None:
-        """Sample K responses for each prompt of the step (the built-in one runs the
-        backend ``rollout.backend`` names: the static decode loop or ``generate``).
+        """Sample K responses for each prompt of the step (the built-in one asks the
+        rollout backend ``rollout.backend`` names: ``static``, ``generate`` or one a
+        package registered with ``register_rollout_backends``).
 
         :param context: the step: model, backbone, model inputs of the prompts (with
             their ``inputs_embeds``), the examples, the run configuration.
         :return: a ``Rollout`` (``core/stages.py``): a batch of K consecutive rows per
             prompt with tokens (EOS included, then -1), log π_old under logits /
             temperature without top-p, surprisal, Σπ², the logits' width; the prompt
-            index; the texts. docs/training.md, "A third-party backend", lists it all.
+            index; the texts (``register_rollout_backends`` describes every field).
 
         Stops at first non-None result.
         """

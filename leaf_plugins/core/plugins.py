@@ -1,4 +1,5 @@
-"""Plugin discovery: the built-ins and the ``leaf_plugins`` entry-point group.
+"""Plugin discovery: the built-ins and the ``leaf_plugins`` entry-point group (and, for
+the ``leaf`` console script alone, the ``leaf_plugins.commands`` group).
 
 Entry points are loaded one at a time. A plugin that fails to import, or fails while
 registering, is reported with its entry-point name and skipped, unless the environment
@@ -21,16 +22,36 @@ from leaf_plugins.core.hookspecs import PROJECT, LeafSpecs
 from leaf_plugins.core.interrupts import interrupt_received
 from leaf_plugins.core.registry import Registry
 
-__all__ = ["PluginHost", "get_host", "STRICT_ENV", "PluginWarning", "KINDS"]
+__all__ = ["PluginHost", "LoadedPlugin", "get_host", "discover_commands", "STRICT_ENV", "PluginWarning", "KINDS",
+           "COMMAND_GROUP"]
 
 STRICT_ENV = "LEAF_PLUGINS_STRICT"
 BUILTIN_DISTRIBUTION = "leaf-plugins"
+COMMAND_GROUP = f"{PROJECT}.commands"  # entry points whose register_commands adds `leaf` sub-commands
 
-KINDS = ("estimator", "backbone", "task", "reward")
+KINDS = ("estimator", "backbone", "task", "reward", "rollout_backend")
+DISCOVERY_HOOKS = {  # discovery hook -> the kind it registers
+    "register_estimators": "estimator",
+    "register_backbones": "backbone",
+    "register_tasks": "task",
+    "register_rewards": "reward",
+    "register_rollout_backends": "rollout_backend",
+}
+COMMAND_HOOKS = {"register_commands": "command"}
 
 
 class PluginWarning(UserWarning):
     """A plugin could not be loaded and was skipped."""
+
+
+@dataclass(frozen=True)
+class LoadedPlugin:
+    """A plugin the host loaded: its entry-point name, the distribution (package) that
+    declares it, and the loaded object (usually a module)."""
+
+    name: str
+    distribution: str
+    plugin: object
 
 
 @dataclass
@@ -40,6 +61,7 @@ class PluginHost:
     manager: pluggy.PluginManager
     registries: dict[str, Registry[Any]] = field(default_factory=dict)
     failures: list[tuple[str, str]] = field(default_factory=list)
+    loaded: dict[str, LoadedPlugin] = field(default_factory=dict)  # by entry-point (or extra plugin) name
 
     @property
     def estimators(self) -> Registry[Any]:
@@ -57,39 +79,42 @@ class PluginHost:
     def rewards(self) -> Registry[Any]:
         return self.registries["reward"]
 
+    @property
+    def rollout_backends(self) -> Registry[Any]:
+        return self.registries["rollout_backend"]
+
     @classmethod
-    def discover(cls, extra_plugins: Iterable[tuple[str, object]] = (), strict: bool | None = None) -> "PluginHost":
-        """Load the built-ins, every entry point of the ``leaf_plugins`` group and
-        ``extra_plugins`` (name, plugin) pairs, then run the discovery hooks."""
+    def discover(
+        cls,
+        extra_plugins: Iterable[tuple[str, object]] = (),
+        strict: bool | None = None,
+        group: str = PROJECT,
+        hooks: dict[str, str] | None = None,
+    ) -> "PluginHost":
+        """Load the built-ins, every entry point of the entry-point ``group`` and
+        ``extra_plugins`` (name, plugin) pairs, then run the discovery ``hooks``
+        (hook name -> the kind of registry it fills; default: every kind of ``KINDS``)."""
         strict = os.environ.get(STRICT_ENV, "") not in ("", "0") if strict is None else strict
+        hooks = DISCOVERY_HOOKS if hooks is None else hooks
         manager = pluggy.PluginManager(PROJECT)
         manager.add_hookspecs(LeafSpecs)
-        host = cls(manager, {kind: Registry(kind) for kind in KINDS})
-        origins: dict[str, str] = {}
-        for name, origin, load in _plugin_sources():
-            host._guard(name, strict, lambda: host._register_plugin(manager, load(), name, origin, origins))
+        host = cls(manager, {kind: Registry(kind.replace("_", " ")) for kind in hooks.values()})
+        for name, origin, load in _plugin_sources(group):
+            host._guard(name, strict, lambda: host._register_plugin(manager, load(), name, origin))
         for name, plugin in extra_plugins:
-            host._guard(name, strict, lambda: host._register_plugin(manager, plugin, name, "extra", origins))
-        hook_kinds = {
-            "register_estimators": "estimator",
-            "register_backbones": "backbone",
-            "register_tasks": "task",
-            "register_rewards": "reward",
-        }
-        for hook_name, kind in hook_kinds.items():
+            host._guard(name, strict, lambda: host._register_plugin(manager, plugin, name, "extra"))
+        for hook_name, kind in hooks.items():
             for impl in getattr(manager.hook, hook_name).get_hookimpls():
                 registry = host.registries[kind]
-                origin = origins.get(impl.plugin_name, impl.plugin_name)
-                register = _register_into(registry, origin)
+                loaded = host.loaded.get(impl.plugin_name)
+                register = _register_into(registry, loaded.distribution if loaded else impl.plugin_name)
                 host._guard(impl.plugin_name, strict, lambda: impl.function(register=register))
         return host
 
-    def _register_plugin(
-        self, manager: pluggy.PluginManager, plugin: object, name: str, origin: str, origins: dict[str, str]
-    ) -> None:
+    def _register_plugin(self, manager: pluggy.PluginManager, plugin: object, name: str, origin: str) -> None:
         manager.register(plugin, name=name)
         manager.check_pending()
-        origins[name] = origin
+        self.loaded[name] = LoadedPlugin(name, origin, plugin)
 
     def _guard(self, name: str, strict: bool, action: Callable[[], None]) -> None:
         try:
@@ -124,10 +149,11 @@ def _register_into(registry: Registry[Any], origin: str) -> Callable[[str, Any],
     return register
 
 
-def _plugin_sources() -> list[tuple[str, str, Callable[[], object]]]:
-    """(entry-point name, distribution name, loader) of every plugin to load: the
-    built-ins first (they are entry points of this package), then the others by name."""
-    declared = list(entry_points(group=PROJECT))
+def _plugin_sources(group: str = PROJECT) -> list[tuple[str, str, Callable[[], object]]]:
+    """(entry-point name, distribution name, loader) of every plugin of the entry-point
+    ``group`` to load: the built-ins first (they are entry points of this package), then
+    the others by name."""
+    declared = list(entry_points(group=group))
     if not any(_distribution(ep) == BUILTIN_DISTRIBUTION for ep in declared):
         raise PluginLoadError(
             "the built-in plugins are not registered: leaf-plugins is not installed in this "
@@ -152,3 +178,9 @@ def _distribution(ep: EntryPoint) -> str:
 def get_host() -> PluginHost:
     """The process-wide plugin host, discovered on first use."""
     return PluginHost.discover()
+
+
+def discover_commands(strict: bool | None = None) -> PluginHost:
+    """The ``leaf`` sub-commands: a host of the ``leaf_plugins.commands`` entry-point
+    group alone, whose ``command`` registry ``register_commands`` filled."""
+    return PluginHost.discover(strict=strict, group=COMMAND_GROUP, hooks=COMMAND_HOOKS)

@@ -1,5 +1,6 @@
 """What the training-stage hooks (``rollout``, ``score_rollouts``, ``compute_loss``)
-receive and return: the step they run in, the sampled responses, and the loss.
+and the rollout backends receive and return: the step they run in, what to sample, the
+sampled responses, and the loss.
 
 These types live in core, beside the hook specifications that name them, so that a
 plugin implementing a stage (a vLLM or SGLang rollout server, a custom loss) needs
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from leaf_plugins.backbones.base import LoadedBackbone
     from leaf_plugins.tasks.base import Example
 
-__all__ = ["StepContext", "Rollout", "PolicyLoss"]
+__all__ = ["StepContext", "RolloutRequest", "Rollout", "PolicyLoss"]
 
 
 @dataclass
@@ -32,6 +33,23 @@ class StepContext:
     examples: "list[Example]"  # this process's prompts of the step
     inputs: dict[str, torch.Tensor]  # their model inputs (left padded), with the prompts' ``inputs_embeds``
     config: Any  # the run's ``TrainConfig`` (``leaf_plugins.training.config``)
+
+
+@dataclass(frozen=True)
+class RolloutRequest:
+    """What a rollout backend samples: ``group_size`` responses for every prompt of
+    ``inputs``, under these settings (``rollout.*`` of the run config in training)."""
+
+    model: Any  # the policy (a PeftModel in training; the backbone's model, with or without adapter, in evaluation)
+    loaded: "LoadedBackbone"  # the backbone: tokenizer / processor, special token ids
+    inputs: dict[str, torch.Tensor]  # the prompts' model inputs, left padded [P, L]; inputs_embeds [P, L, H] if embedded
+    group_size: int  # K responses per prompt
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    surprisal_from: str  # "sampling" (after temperature and top-p) or "policy" (-log π_old)
+    group_ids: list[int] | None = None  # one id per prompt (None: 0..P-1)
+    context: StepContext | None = None  # the training step, when sampling for one (None in evaluation and benchmarks)
 
 
 @dataclass(frozen=True)

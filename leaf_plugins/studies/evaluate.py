@@ -18,6 +18,7 @@ from leaf_plugins.studies.config import EvaluationSettings, JudgesSettings
 from leaf_plugins.tasks.base import Example
 from leaf_plugins.training.config import BackboneConfig
 from leaf_plugins.training.threads import apply_threads
+from leaf_plugins.training.stage_plugins import RolloutStage
 from leaf_plugins.training.trainer import ROLLOUT_LOG
 
 __all__ = ["evaluate_model", "training_summary", "judge_runs", "task_kind", "PREDICTIONS", "EVALUATION", "BASELINE"]
@@ -29,7 +30,7 @@ BASELINE = "baseline"  # the study subdirectory where starting models are evalua
 
 def evaluate_model(
     backbone: BackboneConfig, run_dir: Path | None, examples: Sequence[Example], settings: EvaluationSettings,
-    out_dir: Path, baseline: Path | None = None, backend: str | None = None,
+    out_dir: Path, baseline: Path | None = None, backend: str | None = None, stage: RolloutStage | None = None,
 ) -> dict[str, float | str]:
     """Sample ``settings.runs`` predictions per example from the run's newest checkpoint
     (or the starting model when ``run_dir`` is None), write them to ``out_dir`` and return
@@ -38,12 +39,14 @@ def evaluate_model(
     :param baseline: a prediction file of the starting model on the same examples; the
         paired BLEU difference from it is then reported as ``delta_bleu``.
     :param backend: the rollout backend that samples (the run's ``rollout.backend``).
+    :param stage: the ``rollout`` hook of the run's plugins, which samples where it
+        returns a rollout (``stage_plugins.rollout_stage``).
     """
     policy = load_policy(backbone, run_dir)
     apply_threads(None, policy.loaded.model, rows=settings.batch_prompts * settings.runs)  # as a run of it trains
     references = [example.reference for example in examples]
     runs = sample_predictions(policy, examples, settings.runs, settings.temperature, settings.top_p,
-                              settings.max_new_tokens, settings.batch_prompts, settings.seed, backend)
+                              settings.max_new_tokens, settings.batch_prompts, settings.seed, backend, stage)
     write_predictions(out_dir, examples, runs)
     averaged = average_runs([evaluate_texts(predictions, references, settings.metrics) for predictions in runs])
     metrics: dict[str, float | str] = {

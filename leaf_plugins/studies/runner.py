@@ -28,6 +28,7 @@ from leaf_plugins.tasks.base import Example
 from leaf_plugins.training.checkpoint import latest_checkpoint
 from leaf_plugins.training.config import TrainConfig, task_examples
 from leaf_plugins.training.durable import replace_text
+from leaf_plugins.training.stage_plugins import rollout_stage
 
 __all__ = ["run_study", "baseline_dir", "RESOLVED"]
 
@@ -121,7 +122,7 @@ def _evaluate(study: Study, run: PlannedRun, host: PluginHost, cache: dict) -> N
     baseline = _evaluate_start(study, config, held_out) if study.config.baseline else None
     started = time.perf_counter()
     metrics = evaluate_model(config.backbone, run.directory, held_out, settings, run.directory, baseline,
-                             backend=config.rollout.backend)
+                             backend=config.rollout.backend, stage=rollout_stage(config, host))
     metrics.update(training_summary(run.directory, settings))
     times = run.directory / TIMES
     metrics.update({"variation": run.variation, "seed": run.seed,

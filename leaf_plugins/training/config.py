@@ -15,7 +15,7 @@ from leaf_plugins.training.finite import NONFINITE_REWARD_POLICIES
 from leaf_plugins.training.loss import OLD_LOGPROB_SOURCES
 from leaf_plugins.training.ranges import RUN_RANGES
 from leaf_plugins.training.rollout import SURPRISAL_SOURCES
-from leaf_plugins.training.rollout_backend import ROLLOUT_BACKENDS
+from leaf_plugins.training.stage_plugins import plugins_validator
 
 __all__ = [
     "BackboneConfig", "TaskConfig", "EstimatorConfig", "RolloutConfig", "OptimConfig", "LoraSettings", "TrainConfig",
@@ -54,7 +54,8 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 0.9
     surprisal_from: str = "sampling"
-    backend: str | None = None  # static (our decode loop) or generate (Hugging Face); unset: static where supported
+    backend: str | None = None  # a registered rollout backend: static (our decode loop), generate (Hugging Face),
+    # or a package's (`leaf plugins --kind rollout_backend`); unset: static where supported
 
 
 @dataclass
@@ -87,6 +88,8 @@ class TrainConfig:
     nonfinite_rewards: str = "error"  # a NaN/inf reward stops the run, or drop_group: its group is left out
     threads: int | None = None  # torch's CPU threads; unset: chosen from the model and usable cores (training/threads.py)
     reward: str = "sentence_bleu"
+    plugins: list[str] = field(default_factory=list)  # plugins whose run-time hooks (rollout, score_rollouts,
+    # compute_loss, on_step_end, on_estimate) this run uses: leaf_plugins entry-point names or module paths
     backbone: BackboneConfig = field(default_factory=BackboneConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
@@ -142,8 +145,8 @@ def train_validators(host: PluginHost, prefix: str = "") -> dict[str, Callable[[
         else f"must be one of {', '.join(NONFINITE_REWARD_POLICIES)}",
         "rollout.surprisal_from": lambda value: None if value in SURPRISAL_SOURCES
         else f"must be one of {', '.join(SURPRISAL_SOURCES)}",
-        "rollout.backend": lambda value: None if value is None or value in ROLLOUT_BACKENDS
-        else f"must be one of {', '.join(ROLLOUT_BACKENDS)} (or unset: static where the model supports it)",
+        "rollout.backend": lambda value: None if value is None else registered(host.rollout_backends)(value),
+        "plugins": plugins_validator(host),
         "optim.loss_aggregation": lambda value: None if value in LOSS_AGGREGATIONS
         else f"must be one of {', '.join(LOSS_AGGREGATIONS)}",
         "optim.old_logprobs": lambda value: None if value in OLD_LOGPROB_SOURCES

@@ -15,10 +15,11 @@ update (up to the rounding of the two computations, see docs/training.md).
 boundaries: ``"sampling"`` (the default, as the authors' code: after temperature and
 top-p) or ``"policy"`` (``-logprobs``).
 
-Two backends sample (``rollout.backend``): ``static``, our own decode loop over static
-K/V buffers (``decoding/static_rollout.py``, the default wherever the model is
-supported), and ``generate``, Hugging Face ``generate`` (``generate_rollout.py``, the
-reference). They draw from the same distributions and return the same ``Rollout``.
+A rollout backend samples (``rollout.backend``, ``rollout_backend.py``): ``static``, our
+own decode loop over static K/V buffers (``decoding/static_rollout.py``, the default
+wherever the model is supported), ``generate``, Hugging Face ``generate``
+(``generate_rollout.py``, the reference), or one a package registered. They draw from
+the same distributions and return the same ``Rollout``.
 """
 
 from __future__ import annotations
@@ -28,9 +29,8 @@ from typing import Sequence
 import torch
 
 from leaf_plugins.backbones.base import LoadedBackbone
-from leaf_plugins.core.stages import Rollout
-from leaf_plugins.training.decoding.static_rollout import static_rollout
-from leaf_plugins.training.generate_rollout import generate_rollout
+from leaf_plugins.core.plugins import PluginHost, get_host
+from leaf_plugins.core.stages import Rollout, RolloutRequest, StepContext
 from leaf_plugins.training.rollout_assembly import SURPRISAL_SOURCES, assemble_rollout, audio_token_ids
 from leaf_plugins.training.rollout_backend import resolve_backend
 from leaf_plugins.training.teacher_forcing import response_logprobs
@@ -50,6 +50,8 @@ def sample_responses(
     surprisal_from: str = "sampling",
     group_ids: Sequence[int] | None = None,
     backend: str | None = None,
+    context: StepContext | None = None,
+    host: PluginHost | None = None,
 ) -> Rollout:
     """Sample ``group_size`` responses for every prompt of ``inputs`` (left padded).
 
@@ -58,10 +60,15 @@ def sample_responses(
     per-token statistics are taken at each step: memory ``O(N·T)``, not ``O(N·T·V)``.
     Generation stops at EOS, which belongs to the response; what follows is padding.
 
-    :param backend: ``"static"``, ``"generate"``, or None: ``static`` where the model is
-        supported, else ``generate`` with a notice (``rollout_backend.resolve_backend``).
+    :param backend: a registered rollout backend (``"static"``, ``"generate"``, a
+        package's), or None: ``static`` where the model is supported, else ``generate``
+        with a notice (``rollout_backend.resolve_backend``).
+    :param context: the training step sampled for (passed on to the backend).
     """
     if surprisal_from not in SURPRISAL_SOURCES:
         raise ValueError(f"surprisal_from must be one of {SURPRISAL_SOURCES}, got {surprisal_from!r}")
-    sample = static_rollout if resolve_backend(model, backend) == "static" else generate_rollout
-    return sample(model, loaded, inputs, group_size, max_new_tokens, temperature, top_p, surprisal_from, group_ids)
+    host = host or get_host()
+    sampler = host.rollout_backends.get(resolve_backend(model, backend, host))
+    request = RolloutRequest(model, loaded, inputs, group_size, max_new_tokens, temperature, top_p, surprisal_from,
+                             list(group_ids) if group_ids is not None else None, context)
+    return sampler.sample(request)

@@ -1,8 +1,9 @@
 """The training loop: rollout → rewards → estimator → clipped KL loss → optimizer step.
 
-Rollout and scoring are hooks (``rollout``, ``score_rollouts``) on the run's plugin
-manager, next to the estimator's stages, so a plugin can replace any of them. Runs work
-unchanged under ``accelerate launch`` (each process takes its share of the step's
+Rollout, scoring and the loss are hooks (``rollout``, ``score_rollouts``,
+``compute_loss``) on the run's plugin manager, next to the estimator's stages, so a
+plugin the run config names in ``plugins:`` replaces any of them (``stage_plugins.py``).
+Runs work unchanged under ``accelerate launch`` (each process takes its share of the step's
 prompts; gradients are averaged by DDP), resume exactly from their newest checkpoint,
 and save one on Ctrl-C or SIGTERM (unless the step is saved already) before stopping.
 """
@@ -39,6 +40,7 @@ from leaf_plugins.training.lora import attach_lora
 from leaf_plugins.training.loss import policy_loss
 from leaf_plugins.training.rollout import audio_token_ids, sample_responses
 from leaf_plugins.training.rollout_backend import resolve_backend
+from leaf_plugins.training.stage_plugins import record_plugins, register_stage_plugins, resolve_plugins
 from leaf_plugins.training.threads import apply_threads
 from leaf_plugins.training.update import accumulate_gradients, with_prompt_embeddings
 
@@ -48,15 +50,17 @@ ROLLOUT_LOG = "rollouts.jsonl"  # in the run's output directory, with ``log_roll
 
 
 class DefaultStages:
-    """The built-in rollout (``rollout.backend``: the static decode loop or Hugging Face
-    ``generate``), scoring (the run's registered reward against each example's
-    reference) and loss (paper Eq. 1)."""
+    """The built-in rollout (``rollout.backend``: the static decode loop, Hugging Face
+    ``generate`` or a registered backend), scoring (the run's registered reward against
+    each example's reference) and loss (paper Eq. 1). Their hooks are ``trylast``: a
+    plugin's implementation always comes first."""
 
-    def __init__(self, reward: Any, backend: str) -> None:
+    def __init__(self, reward: Any, backend: str, host: PluginHost | None = None) -> None:
         self.reward = reward
-        self.backend = backend  # "static" or "generate" (rollout.backend, resolved for the model)
+        self.backend = backend  # a registered rollout backend (rollout.backend, resolved for the model)
+        self.host = host
 
-    @hookimpl
+    @hookimpl(trylast=True)
     def rollout(self, context: StepContext) -> Rollout:
         settings = context.config.rollout
         return sample_responses(
@@ -70,9 +74,11 @@ class DefaultStages:
             surprisal_from=settings.surprisal_from,
             group_ids=[context.step * 1_000_000 + i for i in range(len(context.examples))],
             backend=self.backend,
+            context=context,
+            host=self.host,
         )
 
-    @hookimpl
+    @hookimpl(trylast=True)
     def compute_loss(self, context: StepContext, logprobs: torch.Tensor, old_logprobs: torch.Tensor,
                      reference_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                      weights: torch.Tensor) -> PolicyLoss:
@@ -80,7 +86,7 @@ class DefaultStages:
         return policy_loss(logprobs, old_logprobs, reference_logprobs, advantages, mask, optim.clip_epsilon,
                            optim.kl_coefficient, weights)
 
-    @hookimpl
+    @hookimpl(trylast=True)
     def score_rollouts(self, context: StepContext, rollout: Rollout) -> torch.Tensor:
         references = [context.examples[i].reference for i in rollout.prompt_index.tolist()]
         return torch.tensor(self.reward(rollout.texts, references), dtype=torch.float32)
@@ -125,8 +131,9 @@ class Trainer:
         # the main process logs its share of every step's rollout groups (1-based step numbers)
         self.rollout_logger = (RolloutLogger(self.output_dir / ROLLOUT_LOG)
                                if config.log_rollouts and self.accelerator.is_main_process else None)
-        backend = resolve_backend(self.policy, config.rollout.backend)  # static where supported
-        observers = [DefaultStages(reward, backend), *([self.rollout_logger] if self.rollout_logger else []), *plugins]
+        backend = resolve_backend(self.policy, config.rollout.backend, host)  # static where supported
+        observers = [DefaultStages(reward, backend, host), *([self.rollout_logger] if self.rollout_logger else []),
+                     *plugins]
         self.engine = Engine(
             config.estimator.name,
             config.estimator.params,
@@ -134,6 +141,8 @@ class Trainer:
             observers=observers,
             host=host,
         )
+        self.stage_plugins = resolve_plugins(config.plugins, host)  # those the run config names, first named first
+        register_stage_plugins(self.engine.manager, self.stage_plugins)
 
     @property
     def policy(self) -> Any:
@@ -159,6 +168,7 @@ class Trainer:
         start = self._resume()
         if self.accelerator.is_main_process:
             record_environment(self.output_dir, threads_reason=self.threads.reason)
+            record_plugins(self.output_dir, self.stage_plugins, start)
         if self.accelerator.is_main_process:
             self.accelerator.init_trackers("leaf", config=_flat(asdict(self.config)))
         done: list[dict[str, float]] = []
