@@ -73,7 +73,7 @@ def test_table_marks_checkpointing_and_a_step_that_ran_out_of_memory():
     assert "old/new" not in table  # no ratio against a step that did not finish
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.gpu
 def test_a_small_step_on_the_gpu_records_allocator_peaks():
     row = measure(StepShape("new", "granite-speech", 1024, prompts=2, group_size=2, new_tokens=3, audio_seconds=1,
                             device="cuda", activation_checkpointing=True))
