@@ -11,7 +11,7 @@ would:
 - the plugin example (``pip install ./examples/leaf-rloo && leaf plugins --kind
   estimator``) and the example's own README, installed into a throwaway environment
   that sees this one's packages, so this environment is never changed;
-- the TRL snippet of "Use with TRL / verl";
+- the TRL snippet of docs/integrations.md ("Try it on the CPU");
 - every ``leaf train`` and ``leaf study`` command of the README's and docs' bash blocks
   (also under ``accelerate launch ... -m leaf_plugins.cli``), validated with ``--check``
   (their runs are minutes to hours long);
@@ -44,11 +44,6 @@ DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]  # the 
 def fenced(markdown: str, language: str) -> list[str]:
     """The bodies of the ```language blocks of ``markdown``, in order."""
     return re.findall(rf"^```{language}\n(.*?)^```", markdown, re.M | re.S)
-
-
-def section(markdown: str, heading: str) -> str:
-    """The text under ``## heading`` up to the next ``## `` heading."""
-    return markdown.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
 
 
 def commands(block: str) -> list[list[str]]:
@@ -179,10 +174,10 @@ def test_the_plugin_example_installs_lists_and_trains(checkout, shell):
 def test_the_trl_snippet_trains_on_cpu(checkout, monkeypatch):
     from leaf_plugins.integrations.trl import LeafGRPOTrainer
 
-    code = fenced(section((checkout / "README.md").read_text(), "Use with TRL / verl"), "python")[0]
+    code = python_block((checkout / "docs" / "integrations.md").read_text(), "LeafGRPOTrainer(\n    model=model")
     monkeypatch.chdir(checkout)
     namespace: dict[str, object] = {}
-    exec(compile(code, "README.md (Use with TRL / verl)", "exec"), namespace)
+    exec(compile(code, "docs/integrations.md (Try it on the CPU)", "exec"), namespace)
     trainer = namespace["trainer"]
     assert isinstance(trainer, LeafGRPOTrainer) and trainer.engine.name == "leaf"
     assert trainer.state.global_step == 3
