@@ -15,6 +15,8 @@ would:
 - every ``leaf train`` and ``leaf study`` command of the README's and docs' bash blocks
   (also under ``accelerate launch ... -m leaf_plugins.cli``), validated with ``--check``
   (their runs are minutes to hours long);
+- every other ``leaf`` command of those blocks parses with the CLI's own parser (an
+  unknown command or option fails);
 - every relative link of the README points at a file of the repository (the docs' own
   links are checked by ``mkdocs build --strict``).
 """
@@ -35,7 +37,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from leaf_plugins.cli import main
+from leaf_plugins.cli import build_parser, main
 
 REPO = Path(__file__).resolve().parents[1]
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]  # the plugin's README: in the plugin test
@@ -259,3 +261,17 @@ def test_every_relative_link_of_the_readme_exists():
     assert local, "the README links into the docs"
     missing = [target for target in local if not (REPO / target).exists()]
     assert not missing, f"README.md links to missing files: {missing}"
+
+
+def documented_leaf_commands() -> list[tuple[str, list[str]]]:
+    """``(where, argv)`` of every ``leaf`` command in a bash block of the README or the docs."""
+    return [(f"{document.relative_to(REPO)}#{number}", argv)
+            for document in DOCUMENTS
+            for number, block in enumerate(fenced(document.read_text(), "bash"))
+            for argv in map(as_leaf_command, commands(block)) if argv[0] == "leaf"]
+
+
+@pytest.mark.parametrize("argv", [argv for _, argv in documented_leaf_commands()],
+                         ids=[where for where, _ in documented_leaf_commands()])
+def test_every_documented_leaf_command_parses(argv):
+    build_parser().parse_args(argv[1:])  # an unknown command or option exits with status 2
