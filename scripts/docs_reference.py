@@ -57,7 +57,10 @@ def cli_page() -> str:
 # ---------------------------------------------------------------------- config schema
 def field_comments(cls: type) -> dict[str, str]:
     """The ``# comment`` on the line of each field of the dataclass ``cls``."""
-    source = textwrap.dedent(inspect.getsource(cls))
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):  # defined where no source file is (exec, an interactive session)
+        return {}
     comments: dict[int, str] = {}
     starts: dict[int, str] = {}
     line_start = True
