@@ -24,8 +24,16 @@ from typing import Any, Iterator
 
 PAGES = ("reference/cli.md", "reference/config.md", "reference/estimators.md")
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # document this checkout's code, whichever copy is installed
-    sys.path.insert(0, str(REPO))
+
+
+def use_this_checkout() -> None:
+    """Import ``leaf_plugins`` from this checkout, whichever copy is installed (called at
+    build time: MkDocs takes its own entry off ``sys.path`` after loading a hook)."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    loaded = sys.modules.get("leaf_plugins")
+    if loaded is not None and Path(loaded.__file__).resolve().parents[1] != REPO:
+        raise RuntimeError(f"leaf_plugins was imported from {loaded.__file__}, not from {REPO}")
 
 
 # ---------------------------------------------------------------------------- the CLI
@@ -181,6 +189,7 @@ def estimators_page() -> str:
 
 def pages() -> dict[str, str]:
     """Every generated page by its path under docs/."""
+    use_this_checkout()
     return dict(zip(PAGES, (cli_page(), config_page(), estimators_page())))
 
 
