@@ -39,6 +39,6 @@ if [ -n "$TORCH_SPEC" ] && ! "$PYTHON" -c "import torch" >/dev/null 2>&1; then
   $PIP_INSTALL "$TORCH_SPEC"
 fi
 echo "installing leaf-plugins and its dependencies"
-$PIP_INSTALL -e ".[test,eval,trl]"
+$PIP_INSTALL -e ".[test,eval,trl,docs]"
 # verl pins an older transformers, so it gets its own environment (.venv-verl) for its integration
 bash scripts/install_verl_env.sh

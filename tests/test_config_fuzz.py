@@ -28,7 +28,7 @@ SEEDS = {
 EXAMPLES = {"run": 400, "study": 200}  # LEAF_FUZZ_EXAMPLES=N LEAF_FUZZ_RANDOM=1: a longer, fresh search
 SCALE = int(os.environ.get("LEAF_FUZZ_EXAMPLES", 0))
 FRESH = os.environ.get("LEAF_FUZZ_RANDOM") == "1"
-TALLY: Counter = Counter()  # (kind, "valid" | "rejected") -> files; read by the README's figures
+TALLY: Counter = Counter()  # (kind, "valid" | "rejected") -> files; read by the figures in docs/reliability.md
 
 odd_text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=0, max_size=12)
 scalars = st.one_of(

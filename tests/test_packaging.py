@@ -14,7 +14,7 @@ tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 ROOT = Path(__file__).resolve().parents[1]
 UNPINNED = {"torch", "setuptools"}
-"""Kept out of the floor constraints: torch stays at the local CPU build (the README's
+"""Kept out of the floor constraints: torch stays at the local CPU build (docs/installation.md,
 "Supported versions"), and torch 2.13 itself requires setuptools >= 77.0.3."""
 
 

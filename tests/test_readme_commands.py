@@ -1,16 +1,24 @@
-"""The README's examples, extracted from README.md itself (so an edit of the README is
-what gets tested) and run on a fresh copy of the tracked tree, as a new user would:
+"""The README's and the docs' examples, extracted from the Markdown itself (so an edit of
+the text is what gets tested) and run on a fresh copy of the tracked tree, as a new user
+would:
 
-- the "Training" block, each command as written with ``steps=1`` appended (the block's
-  first command trains 20 steps, minutes on 2 CPU cores: too long for CI; an appended
-  override wins over the file and over the earlier overrides, so everything else is as
-  written);
+- the README's ``leaf train`` block, each command as written with ``steps=1`` appended
+  (the block's first command trains 20 steps, minutes on 2 CPU cores: too long for CI; an
+  appended override wins over the file and over the earlier overrides, so everything else
+  is as written);
+- the README's Python examples: advantages of a batch against the values worked by hand
+  from the LEAF rules, and a third-party estimator with its own parameter dataclass;
 - the plugin example (``pip install ./examples/leaf-rloo && leaf plugins --kind
   estimator``) and the example's own README, installed into a throwaway environment
   that sees this one's packages, so this environment is never changed;
-- the TRL snippet of "Use with TRL / verl";
-- every ``leaf train`` and ``leaf study`` command of the README's and docs' bash blocks,
-  validated with ``--check`` (their runs are minutes to hours long).
+- the TRL snippet of docs/integrations.md ("Try it on the CPU");
+- every ``leaf train`` and ``leaf study`` command of the README's and docs' bash blocks
+  (also under ``accelerate launch ... -m leaf_plugins.cli``), validated with ``--check``
+  (their runs are minutes to hours long);
+- every other ``leaf`` command of those blocks parses with the CLI's own parser (an
+  unknown command or option fails);
+- every relative link of the README points at a file of the repository (the docs' own
+  links are checked by ``mkdocs build --strict``).
 """
 
 from __future__ import annotations
@@ -29,20 +37,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from leaf_plugins.cli import main
+from leaf_plugins.cli import build_parser, main
 
 REPO = Path(__file__).resolve().parents[1]
-DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]  # the plugin's README: in the plugin test
+DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]  # the plugin's README: in the plugin test
 
 
 def fenced(markdown: str, language: str) -> list[str]:
     """The bodies of the ```language blocks of ``markdown``, in order."""
     return re.findall(rf"^```{language}\n(.*?)^```", markdown, re.M | re.S)
-
-
-def section(markdown: str, heading: str) -> str:
-    """The text under ``## heading`` up to the next ``## `` heading."""
-    return markdown.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
 
 
 def commands(block: str) -> list[list[str]]:
@@ -60,15 +63,29 @@ def commands(block: str) -> list[list[str]]:
     return out
 
 
+def as_leaf_command(argv: list[str]) -> list[str]:
+    """``argv`` as the ``leaf`` command it runs: itself, or the part of an ``accelerate
+    launch ... -m leaf_plugins.cli ARGS`` after the module, as ``leaf ARGS``."""
+    if argv[:2] == ["accelerate", "launch"] and "leaf_plugins.cli" in argv:
+        return ["leaf", *argv[argv.index("leaf_plugins.cli") + 1:]]
+    return argv
+
+
 def leaf_train_and_study_commands() -> list[tuple[str, list[str]]]:
     """``(where, argv)`` of every ``leaf train|study`` command in a bash block of the docs."""
     found = []
     for document in DOCUMENTS:
         for number, block in enumerate(fenced(document.read_text(), "bash")):
-            for argv in commands(block):
+            for argv in map(as_leaf_command, commands(block)):
                 if argv[:2] in (["leaf", "train"], ["leaf", "study"]):
                     found.append((f"{document.relative_to(REPO)}#{number}", argv))
     return found
+
+
+def python_block(markdown: str, containing: str) -> str:
+    """The one ```python block of ``markdown`` that contains ``containing``."""
+    (block,) = [block for block in fenced(markdown, "python") if containing in block]
+    return block
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +142,8 @@ def logged_steps(run_dir: Path) -> list[int]:
 
 @pytest.mark.slow
 def test_the_training_block_runs_as_written(checkout, shell):
-    block = fenced(section((checkout / "README.md").read_text(), "Training"), "bash")[0]
+    (block,) = [block for block in fenced((checkout / "README.md").read_text(), "bash")
+                if "leaf train configs/runs/tiny-qwen2-audio.yaml" in block]
     first, second = commands(block)
     assert first[:2] == second[:2] == ["leaf", "train"]
     run([*first, "steps=1"], checkout, shell)
@@ -158,10 +176,10 @@ def test_the_plugin_example_installs_lists_and_trains(checkout, shell):
 def test_the_trl_snippet_trains_on_cpu(checkout, monkeypatch):
     from leaf_plugins.integrations.trl import LeafGRPOTrainer
 
-    code = fenced(section((checkout / "README.md").read_text(), "Use with TRL / verl"), "python")[0]
+    code = python_block((checkout / "docs" / "integrations.md").read_text(), "LeafGRPOTrainer(\n    model=model")
     monkeypatch.chdir(checkout)
     namespace: dict[str, object] = {}
-    exec(compile(code, "README.md (Use with TRL / verl)", "exec"), namespace)
+    exec(compile(code, "docs/integrations.md (Try it on the CPU)", "exec"), namespace)
     trainer = namespace["trainer"]
     assert isinstance(trainer, LeafGRPOTrainer) and trainer.engine.name == "leaf"
     assert trainer.state.global_step == 3
@@ -174,3 +192,86 @@ def test_every_documented_train_and_study_command_validates(argv, checkout, monk
     monkeypatch.chdir(checkout)
     assert main([*argv[1:], "--check"]) == 0, capsys.readouterr().err
     assert "OK" in capsys.readouterr().out
+
+
+def test_the_advantages_example_gives_the_values_worked_by_hand():
+    readme = (REPO / "README.md").read_text()
+    code = python_block(readme, "lp.estimate(batch")
+    namespace: dict[str, object] = {}
+    exec(compile(code, "README.md (Estimate advantages for a batch)", "exec"), namespace)
+    result = namespace["result"]
+    # LEAF by hand (docs/estimators.md, "Semantics"): lmin = 2 and B = 1 leave the single
+    # candidate t = 1; the prefix [5] holds responses 0-2 (V = 2/3, n = 3), [6] is a
+    # singleton; V0 = 1/2. Span [0, 1): (GA + LA) / sqrt(3) = (1/6 + 1/6) / sqrt(3); tails
+    # (r - V0) + (r - V): 5/6, -7/6, 5/6; response 3 has no node: 2 (r - V0) = -1.
+    span = (1 / 3) / 3 ** 0.5
+    expected = torch.tensor([[span, 5 / 6, 5 / 6, 5 / 6],
+                             [span, -7 / 6, -7 / 6, -7 / 6],
+                             [span, 5 / 6, 5 / 6, 0.0],
+                             [-1.0, -1.0, 0.0, 0.0]])
+    torch.testing.assert_close(result.advantages, expected, rtol=0, atol=1e-6)  # float32 of values near 1
+    assert result.boundaries == [[1]]
+    (node,) = result.nodes[0]
+    assert (node.position, node.members) == (1, (0, 1, 2)) and node.value == pytest.approx(2 / 3)
+    shown = [[float(value) for value in re.findall(r"-?\d+\.\d+", line)]
+             for line in code.splitlines() if line.startswith("#  [") or line.startswith("# [[")]
+    assert torch.tensor(shown).tolist() == expected.mul(1e4).round().div(1e4).tolist()  # the printed output
+
+
+def estimators_own_their_parameters() -> bool:
+    """Whether this tree's engine takes an estimator's ``parameters`` dataclass (core holds
+    no built-in estimator's parameter)."""
+    import dataclasses
+
+    try:
+        from leaf_plugins.core.params import EstimatorParams
+    except ImportError:
+        return True
+    return "fork_budget" not in {field.name for field in dataclasses.fields(EstimatorParams)}
+
+
+@pytest.mark.skipif(not estimators_own_their_parameters(),
+                    reason="this tree's engine reads parameters from core's shared EstimatorParams")
+def test_the_own_estimator_example_registers_and_gives_rloo_times_its_parameter():
+    import types
+
+    import leaf_plugins as lp
+    from leaf_plugins.core.plugins import PluginHost
+
+    code = python_block((REPO / "README.md").read_text(), "def register_estimators")
+    plugin = types.ModuleType("scaled_rloo_example")
+    exec(compile(code, "README.md (Your own estimator)", "exec"), plugin.__dict__)
+    host = PluginHost.discover(extra_plugins=[("scaled-rloo-example", plugin)], strict=True)
+    batch = lp.RolloutBatch.from_lists(tokens=[[1, 2, 3], [1, 4], [5], [2, 2], [3]],
+                                       rewards=[1.0, 0.0, 0.5, 2.0, 4.0], group_ids=[0, 0, 0, 1, 1])
+    result = lp.Engine("scaled_rloo", params={"scale": 0.5}, host=host).estimate(batch)
+    # RLOO by hand: r_i minus the mean of the group's other rewards, times 0.5
+    # group 0: 1 - 0.25, 0 - 0.75, 0.5 - 0.5; group 1: 2 - 4, 4 - 2
+    expected = torch.tensor([[0.375, 0.375, 0.375], [-0.375, -0.375, 0.0], [0.0, 0.0, 0.0],
+                             [-1.0, -1.0, 0.0], [1.0, 0.0, 0.0]])
+    torch.testing.assert_close(result.advantages, expected, rtol=0, atol=0)  # exact in binary floating point
+    with pytest.raises(lp.LeafError, match="scal"):
+        lp.Engine("scaled_rloo", params={"scal": 0.5}, host=host)
+
+
+def test_every_relative_link_of_the_readme_exists():
+    readme = (REPO / "README.md").read_text()
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", readme)
+    local = [target for target in targets if "://" not in target]
+    assert local, "the README links into the docs"
+    missing = [target for target in local if not (REPO / target).exists()]
+    assert not missing, f"README.md links to missing files: {missing}"
+
+
+def documented_leaf_commands() -> list[tuple[str, list[str]]]:
+    """``(where, argv)`` of every ``leaf`` command in a bash block of the README or the docs."""
+    return [(f"{document.relative_to(REPO)}#{number}", argv)
+            for document in DOCUMENTS
+            for number, block in enumerate(fenced(document.read_text(), "bash"))
+            for argv in map(as_leaf_command, commands(block)) if argv[0] == "leaf"]
+
+
+@pytest.mark.parametrize("argv", [argv for _, argv in documented_leaf_commands()],
+                         ids=[where for where, _ in documented_leaf_commands()])
+def test_every_documented_leaf_command_parses(argv):
+    build_parser().parse_args(argv[1:])  # an unknown command or option exits with status 2

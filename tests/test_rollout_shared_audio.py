@@ -1,5 +1,5 @@
 """The O(N·T) rollout and the shared-audio, response-only teacher forcing against the
-pre-issue-16 path (K copies of the audio, [N, T, V] logits kept, full log-softmax)."""
+straightforward reference path (K copies of the audio, [N, T, V] logits kept, full log-softmax)."""
 
 from __future__ import annotations
 

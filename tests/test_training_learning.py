@@ -3,6 +3,7 @@ on held-out rollouts."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -32,4 +33,6 @@ def test_training_raises_the_held_out_reward_significantly(estimator, tmp_path):
     standard_error = math.sqrt(before.var() / len(before) + after.var() / len(after))
     z = float(after.mean() - before.mean()) / standard_error
     assert z > 3.09, (before.mean(), after.mean(), z)
-    assert len(metrics) == 15 and all(m["estimator_seconds"] >= 0 for m in metrics)
+    logged = [json.loads(line) for line in (trainer.output_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == 15 and [record["step"] for record in logged] == list(range(1, 16))  # one per step, in order
+    assert [record["reward_mean"] for record in logged] == pytest.approx([m["reward_mean"] for m in metrics])

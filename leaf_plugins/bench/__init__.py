@@ -1,6 +1,6 @@
 """Benchmarks behind ``leaf bench``: ``speed`` (the estimator speed table from a
 pytest-benchmark JSON file), ``step`` (one training step's time per phase and peak
-memory, beside the pre-issue-16 path kept in ``step_reference``), ``rollout`` (both
+memory, beside the reference path kept in ``step_reference``), ``rollout`` (both
 rollout backends' ms per generated token against the memory-bandwidth floor),
 ``step_accounting``
 (bytes per tensor class of a step at the real models' shapes, by arithmetic) and

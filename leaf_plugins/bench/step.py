@@ -1,5 +1,5 @@
 """``leaf bench step``: one training step's time per phase and peak memory, today's path
-and the pre-issue-16 path (``bench/step_reference.py``) side by side.
+and the straightforward reference path (``bench/step_reference.py``) side by side.
 
 On the CPU the backbones are the built-in tiny ones with the real models' vocabularies
 (156,032 for Qwen2-Audio, 49,160 for Granite Speech 3.3), hidden size 48, 30 s clips,

@@ -1,6 +1,6 @@
 """Bytes per tensor class of one training step at the paper's shapes for the real
 models (6 prompts × K = 8, T = 200 new tokens, 30 s clips, bf16 weights, one prompt per
-micro-batch), before issue 16 and now: arithmetic from the published model configs,
+micro-batch), on the reference path and the trainer's: arithmetic from the published model configs,
 not a measurement (``leaf bench step`` measures the tiny stand-ins)."""
 
 from __future__ import annotations

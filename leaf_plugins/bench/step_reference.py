@@ -1,4 +1,4 @@
-"""The training step as it was before issue 16, kept only as the baseline that
+"""A straightforward training step, kept only as the baseline that
 ``leaf bench step`` measures side by side with today's path and that the tests compare
 values against. Not used in training.
 

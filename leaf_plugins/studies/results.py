@@ -231,9 +231,9 @@ def _plot_learning_curves(study: Study, path: Path) -> None:
         window = max(1, width // 10)
         smooth = torch.nn.functional.avg_pool1d(mean.view(1, 1, -1), window, stride=1).view(-1)  # [S - w + 1]
         axis.plot(range(window, width + 1), smooth.tolist(), label=f"{variation} ({len(curves)} seeds)")
-    axis.set_xlabel("step")
-    axis.set_ylabel("mean training reward (moving average)")
-    axis.set_title(study.path.name)
+    axis.set_xlabel("RL step")
+    axis.set_ylabel(f"training reward ({study.runs[0].config.reward}), mean of a step" if study.runs else "training reward")
+    axis.set_title(f"{study.path.name}: moving average over a tenth of the steps, mean over seeds", fontsize=9)
     axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=120)

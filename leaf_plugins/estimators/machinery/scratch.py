@@ -1,7 +1,7 @@
 """Reusable buffers for the large temporaries of an estimator call.
 
 A fresh tensor of several megabytes costs page faults when it is first written, often
-more time than the work done in it (measured here: up to 400 faults per full-tree call
+more time than the work done in it (up to 400 page faults per full-tree call
 on a 64×8×1024 batch, and the ratio to GRPO nearly doubled). The estimators' large
 temporaries (prefix hashes, gathered hash rows) are therefore written into buffers kept
 per thread and purpose, grown when a larger batch needs it. A buffer is valid until the

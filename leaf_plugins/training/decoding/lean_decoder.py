@@ -75,7 +75,7 @@ def _single(module: torch.nn.Module, fold: bool) -> Call:
 def _norm(module: torch.nn.Module, fold: bool) -> Call:
     """The RMSNorm ``module`` as one ``rms_norm`` call where ``fold`` (the CPU's small
     float32 models) and it is the families' float32 RMSNorm (``weight · x / rms(x)``), else
-    the module. The same value (bit for bit in float32 with torch 2.13 on this machine's
+    the module. The same value (bit for bit in float32 with torch 2.13 on the CPU
     kernels) and the same kernels underneath; what goes is the module call and the
     Python between its seven top-level operations."""
     if not (fold and hasattr(module, "variance_epsilon") and module.weight.dtype == torch.float32):
