@@ -7,7 +7,15 @@ static buffers, producing the same ``Rollout`` as the ``generate`` backend.
 2. Each decode step feeds every row's last sample, attends over its prompt's keys and
    values and its own, and samples the next token (``SamplingStep``): no host
    synchronisation. On CUDA the step is captured once as a CUDA graph and replayed
-   (``GraphedStep``); on the CPU it runs eagerly, and for models small enough that a
+   (``GraphedStep``): the prompts' width is rounded up to a multiple of
+   ``WIDTH_BUCKET`` (more left padding), and the capture, its buffers and its state are
+   kept per model and shape (``CAPTURES_PER_MODEL`` of them, the last used) and reused
+   by later rollouts of that shape, which only reset the buffers in place. The first
+   replay of a capture is checked against the eager step (``GraphedStep``'s
+   self-check); on a mismatch or a capture error the rollout, and every later one of
+   that model, falls back to Hugging Face ``generate`` with one warning saying why. The
+   model runs in eval mode throughout (no dropout) and is put back as it was. On the
+   CPU the step runs eagerly, and for models small enough that a
    step is per-operator overhead (decoder weights up to ``FOLD_LIMIT_BYTES``) each
    layer's LoRA-folded projections are computed once per rollout and concatenated per
    input (``projections.fused_linear``): 28% fewer operators per step.
@@ -19,23 +27,31 @@ static buffers, producing the same ``Rollout`` as the ``generate`` backend.
 
 from __future__ import annotations
 
-from typing import Sequence
+import contextlib
+import warnings
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Iterator, Sequence
 
 import torch
 
 from leaf_plugins.backbones.base import LoadedBackbone
 from leaf_plugins.core.stages import Rollout
-from leaf_plugins.training.decoding.cuda_graph import GraphedStep
+from leaf_plugins.training.decoding.cuda_graph import Capture, GraphedStep, GraphUnusable, cuda_capture
 from leaf_plugins.training.decoding.decode_state import DecodeState
 from leaf_plugins.training.decoding.family import DecoderFamily, decoder_family
 from leaf_plugins.training.decoding.kv_buffers import KVBuffers
 from leaf_plugins.training.decoding.lean_decoder import LeanDecoder
+from leaf_plugins.training.decoding.phase_timer import PhaseTimer
 from leaf_plugins.training.decoding.sampling_step import SamplingStep
+from leaf_plugins.training.generate_rollout import generate_rollout
 from leaf_plugins.training.generation_weights import gathered_for_generation
 from leaf_plugins.training.prompt_embedding import embed_prompts
 from leaf_plugins.training.rollout_assembly import assemble_rollout, audio_token_ids, response_lengths
 
-__all__ = ["static_rollout", "CUDA_CHECK_EVERY", "FOLD_LIMIT_BYTES", "folds_by_default"]
+__all__ = ["static_rollout", "CUDA_CHECK_EVERY", "FOLD_LIMIT_BYTES", "WIDTH_BUCKET", "CAPTURES_PER_MODEL",
+           "folds_by_default", "graph_failure", "release_captures"]
 
 CUDA_CHECK_EVERY = 8
 """Decode steps between two checks of "has every row finished?" on CUDA."""
@@ -45,6 +61,42 @@ FOLD_LIMIT_BYTES = 1 << 30
 folds by default: the folded copy costs as much memory again, which is small next to
 the time it saves only where the layers are small (at 1 GiB a step is dominated by
 reading the weights, not by the number of operators)."""
+
+WIDTH_BUCKET = 64
+"""The captured loop's prompt width is rounded up to a multiple of this (left padding),
+so prompts of nearby lengths share one capture."""
+
+CAPTURES_PER_MODEL = 2
+"""Captures (each with its K/V buffers) kept per model, the most recently used; an
+older shape is captured again when it comes back."""
+
+
+@dataclass
+class _Captured:
+    """One model's decode step captured at one shape, with everything it reads and writes."""
+
+    decoder: LeanDecoder
+    sampler: SamplingStep
+    buffers: KVBuffers
+    state: DecodeState
+    graphed: GraphedStep
+
+
+_captures: "weakref.WeakKeyDictionary[torch.nn.Module, OrderedDict[tuple, _Captured]]" = weakref.WeakKeyDictionary()
+_failures: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
+
+
+def graph_failure(model: torch.nn.Module) -> str | None:
+    """Why ``model``'s rollouts fell back to ``generate`` (its captured step failed the
+    self-check or could not be captured), or None."""
+    return _failures.get(model)
+
+
+def release_captures(model: torch.nn.Module) -> None:
+    """Drop ``model``'s kept captures and their buffers (their memory returns to the
+    allocator) and forget a recorded fallback, so the next rollout captures afresh."""
+    _captures.pop(model, None)
+    _failures.pop(model, None)
 
 
 def folds_by_default(family: DecoderFamily, device: torch.device) -> bool:
@@ -61,6 +113,38 @@ def folds_by_default(family: DecoderFamily, device: torch.device) -> bool:
     return sum(parameter.numel() * parameter.element_size() for parameter in parameters) <= FOLD_LIMIT_BYTES
 
 
+@contextlib.contextmanager
+def _evaluating(model: torch.nn.Module) -> Iterator[None]:
+    """``model`` in eval mode inside (no dropout in the sampled or captured step), each
+    module's mode put back on exit."""
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
+def _weights_key(model: torch.nn.Module) -> tuple:
+    """What a capture depends on beyond shapes: every parameter's address (a capture
+    reads the weights where they were) and each LoRA layer's adapter state."""
+    addresses = tuple(parameter.data_ptr() for parameter in model.parameters())
+    adapters = tuple((bool(module.disable_adapters), bool(module.merged), tuple(module.active_adapters))
+                     for module in model.modules() if hasattr(module, "lora_A") and hasattr(module, "merged"))
+    return addresses, adapters
+
+
+def _bucketed(embeddings: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prompts left padded to a multiple of ``WIDTH_BUCKET`` positions."""
+    prompts, width, hidden = embeddings.shape
+    extra = -width % WIDTH_BUCKET
+    if extra == 0:
+        return embeddings, mask
+    return (torch.cat([embeddings.new_zeros(prompts, extra, hidden), embeddings], dim=1),
+            torch.cat([mask.new_zeros(prompts, extra), mask], dim=1))
+
+
 @torch.no_grad()
 def static_rollout(
     model: torch.nn.Module,
@@ -74,6 +158,8 @@ def static_rollout(
     group_ids: Sequence[int] | None = None,
     cuda_graph: bool = True,
     fold: bool | None = None,
+    capture: Capture | None = None,
+    timer: PhaseTimer | None = None,
 ) -> Rollout:
     """Sample ``group_size`` responses for every prompt of ``inputs`` (left padded) with
     the static decode loop; arguments and result as ``sample_responses``.
@@ -82,41 +168,99 @@ def static_rollout(
         it eagerly, e.g. to profile it).
     :param fold: run the layers' folded, concatenated projections (``LeanDecoder``);
         None: ``folds_by_default``.
+    :param capture: how the step is recorded (``cuda_graph.cuda_capture`` on CUDA, the
+        default); given on the CPU (``cuda_graph.eager_capture``), the CPU runs the
+        captured path: the static span, the reuse across rollouts and the self-check.
+    :param timer: marks the end of the prefill, of the capture (when this rollout
+        captures) and of the decode loop.
     :raises TypeError: the model is not one the loop supports (``family.decoder_family``).
     """
+    arguments = (model, loaded, inputs, group_size, max_new_tokens, temperature, top_p, surprisal_from, group_ids)
+    if model in _failures:
+        return generate_rollout(*arguments)
     family = decoder_family(model)
+    try:
+        with _evaluating(model):
+            return _sample(family, *arguments, cuda_graph=cuda_graph, fold=fold, capture=capture, timer=timer)
+    except GraphUnusable as error:
+        _failures[model] = str(error)
+        _captures.pop(model, None)
+        warnings.warn(f"rollout.backend=static: {error}; this and later rollouts of this model use Hugging Face "
+                      "generate (rollout.backend=generate) instead", stacklevel=2)
+        return generate_rollout(*arguments)
+
+
+def _sample(family: DecoderFamily, model: torch.nn.Module, loaded: LoadedBackbone, inputs: dict[str, torch.Tensor],
+            group_size: int, max_new_tokens: int, temperature: float, top_p: float, surprisal_from: str,
+            group_ids: Sequence[int] | None, cuda_graph: bool, fold: bool | None, capture: Capture | None,
+            timer: PhaseTimer | None) -> Rollout:
     tokenizer = loaded.tokenizer
     embeddings = inputs["inputs_embeds"] if "inputs_embeds" in inputs else embed_prompts(model, inputs)  # [P, L, H]
     device = embeddings.device
     mask = inputs["attention_mask"].to(device)  # [P, L]
+    graph_capture = capture or (cuda_capture if device.type == "cuda" and cuda_graph else None)
+    if graph_capture is not None:
+        embeddings, mask = _bucketed(embeddings, mask)
     prompts, width = mask.shape
     rows, slots = prompts * group_size, max_new_tokens - 1  # the last sample is never fed back
+    banned = tuple(audio_token_ids(loaded))
+    if timer is not None:
+        timer.mark("start")
     with gathered_for_generation(model):  # FSDP2: the loop calls submodules directly, so they must hold full weights
-        decoder = LeanDecoder(family, folds_by_default(family, device) if fold is None else fold)
-        decoder.prepare_positions(width + max_new_tokens, embeddings)
+        key = (prompts, width, rows, max_new_tokens, embeddings.dtype, device, temperature, top_p, banned,
+               tokenizer.eos_token_id, tokenizer.pad_token_id, _weights_key(model)) if graph_capture else None
+        kept = _captures.setdefault(model, OrderedDict()) if graph_capture else None
+        captured = kept.pop(key, None) if kept is not None else None
+        decoder = captured.decoder if captured else LeanDecoder(
+            family, folds_by_default(family, device) if fold is None else fold)
+        if captured is None:
+            decoder.prepare_positions(width + max_new_tokens, embeddings)
         logits, keys, values = decoder.prefill(embeddings, mask)  # [P, V]
-        buffers = KVBuffers.around(keys, values, mask, rows, slots)
-        state = DecodeState.start(mask.sum(dim=1).repeat_interleave(group_size), max_new_tokens, tokenizer.pad_token_id)
-        sampler = SamplingStep(temperature, top_p, audio_token_ids(loaded), logits.shape[-1], tokenizer.eos_token_id,
-                               tokenizer.pad_token_id, device)
+        prompt_lengths = mask.sum(dim=1).repeat_interleave(group_size)  # [N]
+        if captured is None:
+            buffers = KVBuffers.around(keys, values, mask, rows, slots)
+            state = DecodeState.start(prompt_lengths, max_new_tokens, tokenizer.pad_token_id)
+            sampler = SamplingStep(temperature, top_p, banned, logits.shape[-1], tokenizer.eos_token_id,
+                                   tokenizer.pad_token_id, device)
+        else:
+            buffers, state, sampler = captured.buffers, captured.state, captured.sampler
+            buffers.load(keys, values, mask)
+            state.restart(prompt_lengths, tokenizer.pad_token_id)
+        del keys, values
         sampler(logits.repeat_interleave(group_size, dim=0), state)  # every row's first sample
-        span_positions = torch.arange(max(slots, 1), device=device)
+        if timer is not None:
+            timer.mark("prefill")
 
         def decode(span: int, masked: torch.Tensor | None) -> None:
             sampler(decoder.step(state.tokens, state.positions, state.column - 1, span, buffers, masked), state)
 
-        on_cuda = device.type == "cuda"
-        graphed = GraphedStep(lambda: decode(slots, span_positions)) if on_cuda and cuda_graph else None
-        check_every = CUDA_CHECK_EVERY if on_cuda else 1
+        graphed = captured.graphed if captured else None
+        if graph_capture is not None and graphed is None:
+            span_positions = torch.arange(max(slots, 1), device=device)
+            graphed = GraphedStep(lambda: decode(slots, span_positions), state, graph_capture)
+        if kept is not None:
+            kept[key] = _Captured(decoder, sampler, buffers, state, graphed)  # the most recent last
+            while len(kept) > CAPTURES_PER_MODEL:
+                kept.popitem(last=False)
+        check_every = CUDA_CHECK_EVERY if device.type == "cuda" else 1
+        steps_after_capture = 0
         for step in range(slots):  # decode step `step` feeds slot `step` and samples column `step + 1`
             if step % check_every == 0 and bool(state.finished.all()):
                 break
             if graphed is not None:
+                was_captured = graphed.captured
                 graphed()  # attends over every slot, the unwritten ones masked: one static shape
+                if was_captured:
+                    steps_after_capture += 1
+                elif graphed.captured and timer is not None:
+                    timer.mark("capture")
             else:
                 decode(step + 1, None)  # eagerly: over the written slots only
+                steps_after_capture += 1
+        if timer is not None:
+            timer.mark("decode")
+            timer.decode_steps = steps_after_capture
     cut = slice(0, int(response_lengths(state.generated, tokenizer.eos_token_id).max()))  # generate's width
     surprisal = -state.sampling_logprobs if surprisal_from == "sampling" else -state.logprobs
     return assemble_rollout(tokenizer, state.generated[:, cut], state.logprobs[:, cut], surprisal[:, cut],
                             state.sum_pi_squared[:, cut], logits.shape[-1], group_size, group_ids)
-
