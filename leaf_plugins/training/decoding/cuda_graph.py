@@ -112,27 +112,28 @@ class GraphedStep:
                 self.step()
             torch.cuda.current_stream(device).wait_stream(self.stream)
             return
-        expected = self._eager_outputs(device) if self.check else None
+        rng = _rng_state(device)
+        expected = self._eager_outputs() if self.check else None
         try:
             replay = self.capture(self.step)
         except RuntimeError as error:  # e.g. an operation that synchronises, or no memory left for the graph
             raise GraphUnusable(f"the decode step could not be captured as a CUDA graph ({error})") from error
+        _set_rng_state(device, rng)  # the replay draws what the eager step drew (recording draws nothing)
         replay()
         if expected is not None:
             self._compare(expected)
         self.replay = replay
 
-    def _eager_outputs(self, device: torch.device) -> tuple[int, torch.Tensor, torch.Tensor]:
-        """Run the step eagerly, keep the column it wrote, and put the state, the
-        generated slot it wrote over and the generator back as they were."""
+    def _eager_outputs(self) -> tuple[int, torch.Tensor, torch.Tensor]:
+        """Run the step eagerly, keep the column it wrote, and put the state back as it
+        was (the generated slot it wrote is written again, with the same values, by the
+        replay)."""
         saved = self.state.snapshot()
-        rng = _rng_state(device)
         self.step()
         column = int(saved.column)  # one host synchronisation, once per capture
         tokens = self.state.generated[:, column].clone()  # [N]
         logprobs = self.state.logprobs[:, column].clone()  # [N]
         self.state.restore(saved)
-        _set_rng_state(device, rng)
         return column, tokens, logprobs
 
     def _compare(self, expected: tuple[int, torch.Tensor, torch.Tensor]) -> None:
