@@ -101,6 +101,17 @@ def targets(rows: list[dict]) -> list[str]:
     return lines
 
 
+def run_tests(selection: list[str], seconds: float, out: Path, summary: Path) -> None:
+    """The CUDA tests; their outcome and the |Δ log π| lines they print into ``summary``."""
+    status, took = run_limited([sys.executable, "-m", "pytest", "-q", "-s", "-rA", "-p", "no:cacheprovider",
+                                *selection, "tests/test_rollout_capture.py"], seconds, out / "tests.txt")
+    text = (out / "tests.txt").read_text()
+    tail = text.strip().splitlines()[-1:]
+    printed = [line for line in text.splitlines() if "|Δ log π|" in line and "print(" not in line]
+    with summary.open("a") as sink:
+        sink.write(f"## CUDA tests (exit {status}, {took:.0f} s)\n\n" + "\n".join(tail + printed) + "\n\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -108,7 +119,7 @@ def main() -> int:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--budget", type=float, default=450.0, help="seconds for the whole check")
-    parser.add_argument("--tests-seconds", type=float, default=130.0)
+    parser.add_argument("--tests-seconds", type=float, default=130.0, help="0: skip the tests")
     args = parser.parse_args()
     started = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -117,14 +128,9 @@ def main() -> int:
     header = ["# The static rollout on one GPU", ""] + machine(args.device) + [""]
     summary.write_text("\n".join(header) + "\n")
 
-    test_selection = ["-m", "gpu"] if cuda else ["-m", "not gpu", "-k", "falls_back or reused"]
-    status, seconds = run_limited([sys.executable, "-m", "pytest", "-q", "-s", "-rA", "-p", "no:cacheprovider",
-                                   *test_selection, "tests/test_rollout_capture.py"],
-                                  args.tests_seconds, args.out / "tests.txt")
-    tail = (args.out / "tests.txt").read_text().strip().splitlines()[-1:]
-    printed = [line for line in (args.out / "tests.txt").read_text().splitlines() if "|Δ log π|" in line]
-    with summary.open("a") as sink:
-        sink.write(f"## CUDA tests (exit {status}, {seconds:.0f} s)\n\n" + "\n".join(tail + printed) + "\n\n")
+    if args.tests_seconds > 0:
+        run_tests(["-m", "gpu"] if cuda else ["-m", "not gpu", "-k", "falls_back or reused"], args.tests_seconds,
+                  args.out, summary)
 
     rows = []
     for index, backbone in enumerate(BACKBONES if cuda else BACKBONES[1:]):

@@ -246,10 +246,24 @@ PROFILE_CATEGORIES = (
     ("attention matmuls (batched)", ("aten::bmm", "aten::baddbmm")),
     ("sort (top-p)", ("aten::sort",)),
     ("softmax, log-softmax", ("aten::_softmax", "aten::_log_softmax")),
-    ("copies, gathers, concatenation", ("aten::copy_", "aten::index_copy_", "aten::cat", "aten::index", "aten::gather",
-                                        "aten::clone", "aten::repeat_interleave", "aten::roll")),
-    ("reductions (argmin, sum)", ("aten::argmin", "aten::sum", "aten::mean", "aten::max", "aten::all")),
+    ("copies and casts", ("aten::copy_", "aten::clone", "aten::_to_copy")),
+    ("indexing, concatenation", ("aten::index_copy_", "aten::cat", "aten::index", "aten::gather", "aten::roll",
+                                 "aten::repeat_interleave")),
+    ("reductions (argmin, sum, mean)", ("aten::argmin", "aten::sum", "aten::mean", "aten::max", "aten::all")),
 )
+"""Operator categories of the profile: each operator's own device time (its kernels)."""
+
+KERNEL_CATEGORIES = (
+    ("float32 SIMT GEMM (no tensor cores)", ("simt",)),
+    ("tensor-core GEMM", ("nvjet", "gemm", "cutlass", "xmma", "cublas")),
+    ("softmax", ("softmax",)),
+    ("sort", ("sort", "radix")),
+    ("reductions", ("reduce",)),
+    ("copies and casts", ("copy",)),
+    ("indexing", ("index", "gather", "scatter", "cat")),
+    ("elementwise", ("elementwise", "vectorized")),
+)
+"""Kernel categories by name (the first match wins)."""
 
 
 def _category(name: str) -> str:
@@ -259,12 +273,30 @@ def _category(name: str) -> str:
     return "elementwise and other"
 
 
+def _kernel_category(name: str) -> str:
+    lowered = name.lower()
+    for category, parts in KERNEL_CATEGORIES:
+        if any(part in lowered for part in parts):
+            return category
+    return "other kernels"
+
+
+def _summed(per_step: dict[str, float], categorise: Any) -> dict[str, float]:
+    found: dict[str, float] = {}
+    for name, ms in per_step.items():
+        found[categorise(name)] = found.get(categorise(name), 0.0) + ms
+    return found
+
+
 def profile_decode_step(model: Any, loaded: Any, inputs: dict[str, torch.Tensor], group_size: int,
                         steps: int = PROFILE_STEPS) -> dict[str, Any]:
-    """Milliseconds of device time per static decode step, by operator category
-    (``PROFILE_CATEGORIES``; each operator's own kernels), and the ten largest operators:
-    eager rollouts (``cuda_graph=False``) of ``2 + steps`` and of 2 tokens are profiled and
-    subtracted, so the prefill and the first sample cancel out."""
+    """Milliseconds of device time per static decode step (CPU time on the CPU), by
+    operator category (``PROFILE_CATEGORIES``: each operator's own kernels) and, on a
+    GPU, by kernel category (``KERNEL_CATEGORIES``), the largest operators, and the
+    step's device time with the LoRA adapter disabled: eager rollouts
+    (``cuda_graph=False``) of ``2 + steps`` and of 2 tokens are profiled and subtracted,
+    so the prefill and the first sample cancel out."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     from leaf_plugins.training.decoding.static_rollout import static_rollout
@@ -273,26 +305,42 @@ def profile_decode_step(model: Any, loaded: Any, inputs: dict[str, torch.Tensor]
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
 
-    def operator_times(new_tokens: int) -> dict[str, float]:
+    def times(new_tokens: int) -> tuple[dict[str, float], dict[str, float]]:
+        """(operator, kernel) milliseconds of one eager rollout of ``new_tokens``."""
         torch.manual_seed(0)
         with profile(activities=activities) as profiler:
             static_rollout(model, loaded, inputs, group_size, new_tokens, 1.0, 0.9, cuda_graph=False)
             _synchronise(str(device))
-        found: dict[str, float] = {}
+        operators: dict[str, float] = {}
+        kernels: dict[str, float] = {}
         for event in profiler.key_averages():
-            micros = event.self_device_time_total if cuda else event.self_cpu_time_total
-            found[event.key] = found.get(event.key, 0.0) + micros / 1000
-        return found
+            if event.device_type == DeviceType.CPU:  # an operator: its own kernels' device time
+                micros = event.self_device_time_total if cuda else event.self_cpu_time_total
+                operators[event.key] = operators.get(event.key, 0.0) + micros / 1000
+            else:  # a kernel (or a device-side runtime event)
+                kernels[event.key] = kernels.get(event.key, 0.0) + event.self_device_time_total / 1000
+        return operators, kernels
 
-    operator_times(2)  # warm-up
-    short, long = operator_times(2), operator_times(2 + steps)
-    per_step = {name: (long.get(name, 0.0) - short.get(name, 0.0)) / steps for name in long}
-    categories: dict[str, float] = {}
-    for name, ms in per_step.items():
-        categories[_category(name)] = categories.get(_category(name), 0.0) + ms
-    top = sorted(per_step.items(), key=lambda item: -item[1])[:10]
-    return {"steps": steps, "clock": "device" if cuda else "cpu", "categories": categories,
-            "top_operators": [[name, ms] for name, ms in top], "total_ms_per_step": sum(categories.values())}
+    def per_step() -> tuple[dict[str, float], dict[str, float]]:
+        (short_ops, short_kernels), (long_ops, long_kernels) = times(2), times(2 + steps)
+        return ({name: (ms - short_ops.get(name, 0.0)) / steps for name, ms in long_ops.items()},
+                {name: (ms - short_kernels.get(name, 0.0)) / steps for name, ms in long_kernels.items()})
+
+    times(2)  # warm-up
+    operators, kernels = per_step()
+    found: dict[str, Any] = {
+        "steps": steps, "clock": "device" if cuda else "cpu",
+        "categories": _summed(operators, _category),
+        "kernel_categories": _summed(kernels, _kernel_category),
+        "top_operators": [[name, ms] for name, ms in sorted(operators.items(), key=lambda item: -item[1])[:10]],
+        "total_ms_per_step": sum(operators.values()),
+    }
+    disable = getattr(model, "disable_adapter", None)
+    if disable is not None:
+        with disable():
+            without, _ = per_step()
+        found["total_ms_per_step_without_adapter"] = sum(without.values())
+    return found
 
 
 def peak_resident_memory(shape: RolloutShape, backend: str) -> int:
@@ -404,8 +452,17 @@ def profile_table(rows: list[dict[str, Any]]) -> str:
                   "| category | ms per step | share |", "|---|---:|---:|"]
         for category, ms in sorted(found["categories"].items(), key=lambda item: -item[1]):
             lines.append(f"| {category} | {ms:.3f} | {100 * ms / total if total else 0:.0f}% |")
-        lines += ["", "largest operators: " + ", ".join(f"{name} {ms:.3f} ms" for name, ms in found["top_operators"]),
-                  ""]
+        kernels = found.get("kernel_categories") or {}
+        if kernels:
+            kernel_total = sum(kernels.values())
+            lines += ["", "| kernel category | ms per step | share |", "|---|---:|---:|"]
+            for category, ms in sorted(kernels.items(), key=lambda item: -item[1]):
+                lines.append(f"| {category} | {ms:.3f} | {100 * ms / kernel_total if kernel_total else 0:.0f}% |")
+        lines += ["", "largest operators: " + ", ".join(f"{name} {ms:.3f} ms" for name, ms in found["top_operators"])]
+        if found.get("total_ms_per_step_without_adapter") is not None:
+            lines += ["", f"the same step with the LoRA adapter disabled: "
+                          f"{found['total_ms_per_step_without_adapter']:.2f} ms"]
+        lines.append("")
     return "\n".join(lines)
 
 
