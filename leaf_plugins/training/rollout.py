@@ -16,8 +16,8 @@ boundaries: ``"sampling"`` (the default, as the authors' code: after temperature
 top-p) or ``"policy"`` (``-logprobs``).
 
 Two backends sample (``rollout.backend``): ``static``, our own decode loop over static
-K/V buffers (``decoding/static_rollout.py``, the default wherever the model is
-supported), and ``generate``, Hugging Face ``generate`` (``generate_rollout.py``, the
+K/V buffers (``decoding/static_rollout.py``, the default on the CPU wherever the model
+is supported, opt-in on CUDA: ``rollout_backend.resolve_backend``), and ``generate``, Hugging Face ``generate`` (``generate_rollout.py``, the
 reference). They draw from the same distributions and return the same ``Rollout``.
 """
 
@@ -59,7 +59,8 @@ def sample_responses(
     Generation stops at EOS, which belongs to the response; what follows is padding.
 
     :param backend: ``"static"``, ``"generate"``, or None: ``static`` where the model is
-        supported, else ``generate`` with a notice (``rollout_backend.resolve_backend``).
+        supported (on CUDA only where ``STATIC_BY_DEFAULT_ON_CUDA``), else ``generate``
+        (``rollout_backend.resolve_backend``).
     """
     if surprisal_from not in SURPRISAL_SOURCES:
         raise ValueError(f"surprisal_from must be one of {SURPRISAL_SOURCES}, got {surprisal_from!r}")
