@@ -161,7 +161,7 @@ def measure_rollout(shape: RolloutShape) -> dict[str, Any]:
     backend (``measure_mismatch``) and, with ``shape.profile``, the decode step's profile."""
     from leaf_plugins.bench.step import run_in_process
     from leaf_plugins.training.decoding.phase_timer import PhaseTimer
-    from leaf_plugins.training.decoding.static_rollout import graph_failure, static_rollout
+    from leaf_plugins.training.decoding.static_rollout import graph_failure, static_folds, static_rollout
     from leaf_plugins.training.rollout import sample_responses
 
     torch.manual_seed(0)
@@ -179,6 +179,7 @@ def measure_rollout(shape: RolloutShape) -> dict[str, Any]:
     for backend in BACKENDS:  # warm-up: first-call costs (allocator, kernels, the capture) are not the rollout's
         rollout(backend, 0, first if backend == "static" else None)
     fallback = graph_failure(model)
+    folded = static_folds(model)
     timings: dict[str, list[float]] = {backend: [] for backend in BACKENDS}
     phases: dict[str, list[float]] = {"prefill_ms": [], "decode_ms_per_step": []}
     peaks: dict[str, int] = {}
@@ -219,6 +220,7 @@ def measure_rollout(shape: RolloutShape) -> dict[str, Any]:
             "capture_ms": first_phases.get("capture"),
         },
         "static_fallback": fallback,
+        "static_folded": folded,
         "widths": widths,
         "peak_above_model": peaks,
         "bandwidth": bandwidth,
@@ -432,6 +434,10 @@ def rollout_table(rows: list[dict[str, Any]]) -> str:
                      f"shared-prefix reads)")
         if row.get("static_fallback"):
             notes.append(f"  - the static backend fell back to generate: {row['static_fallback']}")
+        elif row.get("static_folded") is not None:
+            notes.append("  - static: the projections ran " + ("folded (LoRA folded into a copy of the weights, "
+                         "q/k/v and gate/up concatenated)" if row["static_folded"] else "unfolded (the adapter as peft "
+                                                                                       "runs it)"))
     return "\n".join(lines + [""] + notes)
 
 

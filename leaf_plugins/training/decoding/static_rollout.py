@@ -15,10 +15,15 @@ static buffers, producing the same ``Rollout`` as the ``generate`` backend.
    self-check); on a mismatch or a capture error the rollout, and every later one of
    that model, falls back to Hugging Face ``generate`` with one warning saying why. The
    model runs in eval mode throughout (no dropout) and is put back as it was. On the
-   CPU the step runs eagerly, and for models small enough that a
-   step is per-operator overhead (decoder weights up to ``FOLD_LIMIT_BYTES``) each
-   layer's LoRA-folded projections are computed once per rollout and concatenated per
-   input (``projections.fused_linear``): 28% fewer operators per step.
+   CPU the step runs eagerly.
+   Each layer's LoRA-folded projections, concatenated per input
+   (``projections.fused_linear``), replace the adapted projections where
+   ``folds_by_default`` says so: on the CPU for models small enough that a step is
+   per-operator overhead (28% fewer operators per step), on CUDA where the folded copy
+   fits in free device memory (peft's float32 adapter is six small kernels per
+   projection, about a third of an 8B model's step). The copy is written once per
+   rollout from the current weights (``LeanDecoder.refold``) and shared by a model's
+   kept captures; the base weights are only read.
 3. Whether every row has finished is checked once per ``check_every`` steps on CUDA (one
    synchronisation per chunk; up to ``check_every - 1`` steps may run past the last EOS,
    their samples are padding) and after every step on the CPU, where checking costs
@@ -42,7 +47,7 @@ from leaf_plugins.training.decoding.cuda_graph import Capture, GraphedStep, Grap
 from leaf_plugins.training.decoding.decode_state import DecodeState
 from leaf_plugins.training.decoding.family import DecoderFamily, decoder_family
 from leaf_plugins.training.decoding.kv_buffers import KVBuffers
-from leaf_plugins.training.decoding.lean_decoder import LeanDecoder
+from leaf_plugins.training.decoding.lean_decoder import LeanDecoder, fold_bytes
 from leaf_plugins.training.decoding.phase_timer import PhaseTimer
 from leaf_plugins.training.decoding.sampling_step import SamplingStep
 from leaf_plugins.training.generate_rollout import generate_rollout
@@ -50,8 +55,8 @@ from leaf_plugins.training.generation_weights import gathered_for_generation
 from leaf_plugins.training.prompt_embedding import embed_prompts
 from leaf_plugins.training.rollout_assembly import assemble_rollout, audio_token_ids, response_lengths
 
-__all__ = ["static_rollout", "CUDA_CHECK_EVERY", "FOLD_LIMIT_BYTES", "WIDTH_BUCKET", "CAPTURES_PER_MODEL",
-           "folds_by_default", "graph_failure", "release_captures"]
+__all__ = ["static_rollout", "CUDA_CHECK_EVERY", "FOLD_LIMIT_BYTES", "FOLD_MARGIN_FRACTION", "WIDTH_BUCKET",
+           "CAPTURES_PER_MODEL", "folds_by_default", "graph_failure", "release_captures", "static_folds"]
 
 CUDA_CHECK_EVERY = 8
 """Decode steps between two checks of "has every row finished?" on CUDA."""
@@ -61,6 +66,13 @@ FOLD_LIMIT_BYTES = 1 << 30
 folds by default: the folded copy costs as much memory again, which is small next to
 the time it saves only where the layers are small (at 1 GiB a step is dominated by
 reading the weights, not by the number of operators)."""
+
+FOLD_MARGIN_FRACTION = 0.25
+"""Share of the device's memory that must stay free after the folded copy is made
+before CUDA folds by default: the copy is kept with the model's captures between
+rollouts, so the rollout's own buffers (its K/V cache, prefill activations and graph:
+up to 4 GB above the model at 48 rows on the 8B backbones), the teacher-forced pass and
+the training step that follow must still fit beside it."""
 
 WIDTH_BUCKET = 64
 """The captured loop's prompt width is rounded up to a multiple of this (left padding),
@@ -84,12 +96,20 @@ class _Captured:
 
 _captures: "weakref.WeakKeyDictionary[torch.nn.Module, OrderedDict[tuple, _Captured]]" = weakref.WeakKeyDictionary()
 _failures: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
+_fold_notices: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
 
 
 def graph_failure(model: torch.nn.Module) -> str | None:
     """Why ``model``'s rollouts fell back to ``generate`` (its captured step failed the
     self-check or could not be captured), or None."""
     return _failures.get(model)
+
+
+def static_folds(model: torch.nn.Module) -> bool | None:
+    """Whether ``model``'s kept captures run folded projections (``LeanDecoder.folded``);
+    None when it has none."""
+    kept = _captures.get(model)
+    return any(entry.decoder.folded for entry in kept.values()) if kept else None
 
 
 def release_captures(model: torch.nn.Module) -> None:
@@ -99,14 +119,43 @@ def release_captures(model: torch.nn.Module) -> None:
     _failures.pop(model, None)
 
 
+def _device_memory(device: torch.device) -> tuple[int, int]:
+    """``(free, total)`` bytes of ``device``: free counts the driver's free memory and
+    what the caching allocator holds unused (it serves new tensors from it)."""
+    free, total = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device), total
+
+
 def folds_by_default(family: DecoderFamily, device: torch.device) -> bool:
-    """Whether ``static_rollout`` folds the projections when not told: on the CPU, for a
-    float32 decoder of at most ``FOLD_LIMIT_BYTES``. Never on CUDA, where the step is a
-    graph replay (no per-operator host cost) and a copy of a 7-8B model's layers would
-    not fit; never in bf16 or fp16, where the folded weights' one rounding to 8 bits of
-    mantissa moves log π away from the teacher-forced pass's (on the tiny backbones in
-    bf16: mean |Δ log π| 0.023-0.043 folded against 0.016-0.026 not; ``leaf bench
-    rollout``)."""
+    """Whether ``static_rollout`` folds the projections when not told.
+
+    - CPU: for a float32 decoder of at most ``FOLD_LIMIT_BYTES``, where a step is
+      per-operator overhead. Not in bf16 or fp16 on the CPU: there the fold's one
+      rounding of ``W + s·B A`` to 8 bits of mantissa moves log π away from the
+      teacher-forced pass's (tiny backbones in bf16: mean |Δ log π| 0.023-0.043 folded
+      against 0.016-0.026 not) for little time saved.
+    - CUDA: when the folded copy (``lean_decoder.fold_bytes``: the kept copy and the
+      largest float32 sum made while folding) leaves ``FOLD_MARGIN_FRACTION`` of the
+      device's memory free. Otherwise the projections run unfolded, with one warning
+      per model saying so. In bf16 the folded weights carry that same rounding; the
+      rollout-against-teacher-forcing mismatch it leaves is measured by ``leaf bench
+      rollout`` (``docs/rollout.md``).
+    """
+    if device.type == "cuda":
+        kept, transient = fold_bytes(family)
+        if kept == 0:
+            return False
+        free, total = _device_memory(device)
+        margin = int(FOLD_MARGIN_FRACTION * total)
+        if kept + transient + margin <= free:
+            return True
+        if family.decoder not in _fold_notices:
+            _fold_notices.add(family.decoder)
+            warnings.warn(f"rollout.backend=static: the LoRA-folded projections need {kept / 2**30:.2f} GiB "
+                          f"(+{transient / 2**30:.2f} GiB while folding) and {margin / 2**30:.2f} GiB must stay free, "
+                          f"but {free / 2**30:.2f} GiB are free on {device}; the projections run unfolded (slower)",
+                          stacklevel=3)
+        return False
     parameters = [parameter for layer in family.layers for parameter in layer.parameters()]
     if device.type != "cpu" or any(parameter.dtype != torch.float32 for parameter in parameters):
         return False
@@ -143,6 +192,20 @@ def _bucketed(embeddings: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tenso
         return embeddings, mask
     return (torch.cat([embeddings.new_zeros(prompts, extra, hidden), embeddings], dim=1),
             torch.cat([mask.new_zeros(prompts, extra), mask], dim=1))
+
+
+def _new_decoder(family: DecoderFamily, model: torch.nn.Module, weights: tuple, fold: bool | None,
+                 device: torch.device) -> LeanDecoder:
+    """A decoder for a rollout without a kept capture: one sharing the folded copy of a
+    kept capture with the same weights (written again from them) when folding, else a
+    new one (``fold``, or ``folds_by_default``)."""
+    if fold is not False:
+        for entry_key, entry in _captures.get(model, {}).items():
+            if entry_key[-1] == weights and entry.decoder.folded:
+                decoder = LeanDecoder(family, sharing=entry.decoder)
+                decoder.refold()
+                return decoder
+    return LeanDecoder(family, folds_by_default(family, device) if fold is None else fold)
 
 
 @torch.no_grad()
@@ -207,13 +270,19 @@ def _sample(family: DecoderFamily, model: torch.nn.Module, loaded: LoadedBackbon
     if timer is not None:
         timer.mark("start")
     with gathered_for_generation(model):  # FSDP2: the loop calls submodules directly, so they must hold full weights
+        weights = _weights_key(model)
         key = (prompts, width, rows, max_new_tokens, embeddings.dtype, device, temperature, top_p, banned,
-               tokenizer.eos_token_id, tokenizer.pad_token_id, _weights_key(model)) if graph_capture else None
+               tokenizer.eos_token_id, tokenizer.pad_token_id, weights) if graph_capture else None
         kept = _captures.setdefault(model, OrderedDict()) if graph_capture else None
         captured = kept.pop(key, None) if kept is not None else None
-        decoder = captured.decoder if captured else LeanDecoder(
-            family, folds_by_default(family, device) if fold is None else fold)
-        if captured is None:
+        if kept is not None and captured is None:
+            for stale in [entry for entry in kept if entry[-1] != weights]:  # weights moved: unusable, free them
+                del kept[stale]
+        if captured is not None:
+            decoder = captured.decoder
+            decoder.refold()  # the weights may have been updated in place since the last rollout
+        else:
+            decoder = _new_decoder(family, model, weights, fold, device)
             decoder.prepare_positions(width + max_new_tokens, embeddings)
         logits, keys, values = decoder.prefill(embeddings, mask)  # [P, V]
         prompt_lengths = mask.sum(dim=1).repeat_interleave(group_size)  # [N]
