@@ -94,8 +94,9 @@ def targets(rows: list[dict]) -> list[str]:
             f"(target ≤ {FLOOR_TARGET:g}×: {'met' if step_ratio <= FLOOR_TARGET else 'MISSED'}); whole static "
             f"rollout {ms['static']:.2f} ms/token = {ms['static'] / floor:.2f}× floor; generate {ms['generate']:.2f} "
             f"ms/token; static {speedup:.2f}× faster (target ≥ {SPEEDUP_TARGET:g}×: "
-            f"{'met' if speedup >= SPEEDUP_TARGET else 'MISSED'}); projections "
-            f"{'folded' if row.get('static_folded') else 'unfolded'}")
+            f"{'met' if speedup >= SPEEDUP_TARGET else 'MISSED'})"
+            + ("" if row.get("static_folded") is None else
+               f"; projections {'folded' if row['static_folded'] else 'unfolded'}"))
         for backend, found in row["mismatch"].items():
             lines.append(f"  - bf16 |Δ log π| ({backend}): mean {found['mean']:.4f}, max {found['max']:.4f}, "
                          f"{100 * found['outside']:.2f}% of {found['tokens']} tokens outside the clip range")
