@@ -74,6 +74,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rollout.add_argument("--device", default="cpu", metavar="DEVICE",
                          help="cpu (the tiny backbones at the demo's shape) or a CUDA device such as cuda: "
                               "random-weight Qwen2-Audio-7B and Granite Speech 3.3 8B in bf16 at the paper's shape")
+    rollout.add_argument("--new-tokens", type=int, metavar="T",
+                         help="tokens per response on a CUDA device (default 200, the paper's)")
+    rollout.add_argument("--profile", action="store_true",
+                         help="also split the static decode step's time by operator category (torch.profiler)")
     rollout.set_defaults(bench=run_rollout)
 
 
@@ -201,14 +205,22 @@ def run_step(args: argparse.Namespace) -> int:
 def run_rollout(args: argparse.Namespace) -> int:
     import json
 
-    from leaf_plugins.bench.rollout import cpu_shapes, cuda_shapes, measure_rollout, mismatch_table, rollout_table
+    from dataclasses import replace
+
+    from leaf_plugins.bench.rollout import (cpu_shapes, cuda_shapes, measure_rollout, mismatch_table, profile_table,
+                                            rollout_table)
     from leaf_plugins.bench.step import run_in_process
 
     if args.repeats is not None and args.repeats < 1:
         raise ConfigError(f"--repeats must be at least 1, got {args.repeats}")
+    if args.new_tokens is not None and args.new_tokens < 2:
+        raise ConfigError(f"--new-tokens must be at least 2, got {args.new_tokens}")
     on_cpu = args.device == "cpu"
+    if on_cpu and args.new_tokens is not None:
+        raise ConfigError("--new-tokens applies to a CUDA device (the CPU runs the demo's shape)")
     repeats = args.repeats or (5 if on_cpu else 3)
-    shapes = cpu_shapes(repeats, args.quick) if on_cpu else cuda_shapes(args.device, repeats)
+    shapes = cpu_shapes(repeats, args.quick) if on_cpu else cuda_shapes(args.device, repeats, args.new_tokens or 200)
+    shapes = [replace(shape, profile=args.profile) for shape in shapes]
     if args.backbone:
         shapes = [shape for shape in shapes if shape.backbone in args.backbone]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -218,6 +230,8 @@ def run_rollout(args: argparse.Namespace) -> int:
         rows.append(run_in_process(shape, measure_rollout))  # one process per backbone: both backends inside it
         (args.out / "rollout.json").write_text(json.dumps(rows, indent=1))  # kept if a later one is interrupted
     text = rollout_table(rows) + "\n\nbf16 rollout/teacher-forced mismatch:\n\n" + mismatch_table(rows)
+    if args.profile:
+        text += "\n\nWhere the static decode step's time goes:\n\n" + profile_table(rows)
     (args.out / "rollout.md").write_text(text + "\n")
     print("\n" + text + f"\n\nwritten: {args.out}/rollout.md, rollout.json")
     return 0

@@ -16,8 +16,8 @@ boundaries: ``"sampling"`` (the default, as the authors' code: after temperature
 top-p) or ``"policy"`` (``-logprobs``).
 
 A rollout backend samples (``rollout.backend``, ``rollout_backend.py``): ``static``, our
-own decode loop over static K/V buffers (``decoding/static_rollout.py``, the default
-wherever the model is supported), ``generate``, Hugging Face ``generate``
+own decode loop over static K/V buffers (``decoding/static_rollout.py``, the default on
+the CPU wherever the model is supported, opt-in on CUDA), ``generate``, Hugging Face ``generate``
 (``generate_rollout.py``, the reference), or one a package registered. They draw from
 the same distributions and return the same ``Rollout``.
 """
@@ -61,8 +61,8 @@ def sample_responses(
     Generation stops at EOS, which belongs to the response; what follows is padding.
 
     :param backend: a registered rollout backend (``"static"``, ``"generate"``, a
-        package's), or None: ``static`` where the model is supported, else ``generate``
-        with a notice (``rollout_backend.resolve_backend``).
+        package's), or None: ``static`` where the model is supported (on CUDA only where
+        ``STATIC_BY_DEFAULT_ON_CUDA``), else ``generate`` (``rollout_backend.resolve_backend``).
     :param context: the training step sampled for (passed on to the backend).
     """
     if surprisal_from not in SURPRISAL_SOURCES:

@@ -4,9 +4,12 @@ Backends are a registry (``register_rollout_backends``); this module registers t
 built-ins through that hook, as any package registers its own. ``static`` is our own
 decode loop (``decoding/static_rollout.py``); ``generate`` is Hugging Face ``generate``
 (``generate_rollout.py``), kept as the reference. Left unset, the static loop runs
-wherever it supports the model and ``generate`` elsewhere, with one notice saying why;
-asking for a backend (built-in or not) that does not support the model is an error
-giving its reason.
+on the CPU wherever it supports the model; on CUDA ``generate`` runs unless
+``STATIC_BY_DEFAULT_ON_CUDA`` says otherwise (``static`` is opt-in there: its captured
+step checks itself against the eager step on the first rollout and falls back to
+``generate`` with a warning on a mismatch). Where the loop does not support the model,
+``generate`` runs with one notice saying why; asking for a backend (built-in or not)
+that does not support the model is an error giving its reason.
 """
 
 from __future__ import annotations
@@ -25,9 +28,17 @@ __all__ = ["ROLLOUT_BACKENDS", "StaticBackend", "GenerateBackend", "resolve_back
 
 ROLLOUT_BACKENDS = ("static", "generate")  # the built-ins; a package may register others
 
+STATIC_BY_DEFAULT_ON_CUDA = False
+"""Whether an unset ``rollout.backend`` picks the static loop on CUDA devices too."""
+
+
+def _on_cuda(model: Any) -> bool:
+    parameter = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    return parameter is not None and parameter.device.type == "cuda"
+
 
 class StaticBackend:
-    """Our decode loop over static K/V buffers (the default where it supports the model)."""
+    """Our decode loop over static K/V buffers (the default on the CPU where it supports the model)."""
 
     def unsupported_reason(self, model: Any) -> str | None:
         return unsupported_reason(model)
@@ -67,7 +78,8 @@ def backend_unsupported_reason(backend: Any, model: Any) -> str | None:
 def resolve_backend(model: Any, requested: str | None, host: PluginHost | None = None) -> str:
     """The name of the backend that samples from ``model``: ``requested`` (any registered
     backend that supports the model), or for None ``static`` where supported, else
-    ``generate`` (with a warning, shown once per process).
+    ``generate`` (with a warning, shown once per process); on CUDA ``generate`` unless
+    ``STATIC_BY_DEFAULT_ON_CUDA``.
 
     :raises ConfigError: an unknown name (with a did-you-mean), or a backend asked for
         on a model it does not support (the message gives the backend's reason).
@@ -82,6 +94,8 @@ def resolve_backend(model: Any, requested: str | None, host: PluginHost | None =
             fallback = " Use rollout.backend=generate (Hugging Face generate)" if requested != "generate" else ""
             raise ConfigError(f"rollout.backend={requested}: {reason}.{fallback}")
         return requested
+    if _on_cuda(model) and not STATIC_BY_DEFAULT_ON_CUDA:
+        return "generate"
     reason = unsupported_reason(model)
     if reason is None:
         return "static"

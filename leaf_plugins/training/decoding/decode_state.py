@@ -7,7 +7,7 @@ addresses and can be captured once as a CUDA graph and replayed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -49,3 +49,21 @@ class DecodeState:
             sampling_logprobs=values(),
             sum_pi_squared=values(),
         )
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor of the state, in field order."""
+        return [getattr(self, field.name) for field in fields(self)]
+
+    def snapshot(self) -> "DecodeState":
+        """A copy of the state (for ``restore``)."""
+        return DecodeState(*(tensor.clone() for tensor in self.tensors()))
+
+    def restore(self, saved: "DecodeState") -> None:
+        """Write ``saved`` back into these tensors, in place (their addresses stay)."""
+        for tensor, value in zip(self.tensors(), saved.tensors()):
+            tensor.copy_(value)
+
+    def restart(self, prompt_lengths: torch.Tensor, pad_token_id: int) -> None:
+        """Reset the state in place to ``start``'s for a new rollout of the same shape
+        (a captured step keeps reading and writing these very tensors)."""
+        self.restore(DecodeState.start(prompt_lengths, self.generated.shape[1], pad_token_id))

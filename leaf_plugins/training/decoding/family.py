@@ -19,6 +19,8 @@ these classes reads from the config is either reproduced here or refused:
   sequence length and are refused.
 * Prompt-learning peft adapters (prefix/prompt tuning) are refused; LoRA layers
   replace the linear modules in place and run unchanged.
+* Models wrapped in FSDP1 (``FullyShardedDataParallel``, flat parameters) are refused;
+  FSDP2 (``fully_shard``) runs (``generation_weights.gathered_for_generation``).
 """
 
 from __future__ import annotations
@@ -99,6 +101,12 @@ def unsupported_reason(model: Any) -> str | None:
 def decoder_family(model: Any) -> DecoderFamily:
     """The ``DecoderFamily`` of ``model``; ``TypeError`` naming the model type and the
     unsupported feature when the static loop cannot run it."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    if any(isinstance(module, FullyShardedDataParallel) for module in model.modules()):
+        raise TypeError("the model is wrapped in FSDP1 (FullyShardedDataParallel), whose flat parameters the static "
+                        "rollout loop cannot call layer by layer; shard it with FSDP2 (fully_shard), which the loop "
+                        "supports, or use rollout.backend=generate")
     inner = backbone_model_of(model)
     text_config = getattr(getattr(inner, "config", None), "text_config", None)
     name = f"{type(inner).__name__} (text model type {getattr(text_config, 'model_type', None)!r})"

@@ -50,6 +50,17 @@ class KVBuffers:
         return cls(prefix_keys=prefix_keys, prefix_values=prefix_values, prefix_bias=bias,
                    keys=[slots_buffer() for _ in prefix_keys], values=[slots_buffer() for _ in prefix_keys])
 
+    def load(self, prefix_keys: list[torch.Tensor], prefix_values: list[torch.Tensor],
+             prompt_mask: torch.Tensor) -> None:
+        """Hold a new rollout's prompts in these buffers, in place (a captured step
+        keeps reading these very tensors): the same shapes as ``around`` was given."""
+        for buffer, found in zip([*self.prefix_keys, *self.prefix_values], [*prefix_keys, *prefix_values]):
+            buffer.copy_(found)
+        self.prefix_bias.copy_(torch.zeros_like(self.prefix_bias).masked_fill_(
+            prompt_mask[:, None, None, :] == 0, float("-inf")))
+        for buffer in [*self.keys, *self.values]:
+            buffer.zero_()  # masked slots must hold finite values (see ``around``)
+
     def nbytes(self) -> int:
         """Bytes held by the buffers."""
         tensors = [*self.prefix_keys, *self.prefix_values, *self.keys, *self.values]

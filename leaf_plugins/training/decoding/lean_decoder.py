@@ -19,10 +19,11 @@ import torch
 from leaf_plugins.training.decoding.attention import prompt_attention, prompt_attention_bias, shared_prefix_attention
 from leaf_plugins.training.decoding.family import DecoderFamily
 from leaf_plugins.training.decoding.kv_buffers import KVBuffers
-from leaf_plugins.training.decoding.projections import folded_linear, fused_linear, projection
+from leaf_plugins.training.decoding.projections import (FoldedProjection, fold_copy_bytes, folded_linear,
+                                                         fused_linear, projection)
 from leaf_plugins.training.prompt_embedding import left_padded_positions
 
-__all__ = ["LeanDecoder", "rotate"]
+__all__ = ["LeanDecoder", "rotate", "fold_bytes"]
 
 Call = Callable[[torch.Tensor], torch.Tensor]
 
@@ -38,38 +39,68 @@ class _LayerCalls:
     mlp: Call
 
     @classmethod
-    def of(cls, layer: torch.nn.Module, gated_mlp: bool, fold: bool) -> "_LayerCalls":
+    def of(cls, layer: torch.nn.Module, gated_mlp: bool, fold: bool,
+           folds: list[FoldedProjection]) -> "_LayerCalls":
         """``fold``: one folded matrix product per input (``fused_linear``) wherever the
-        layers allow it, else each projection as ``projection`` gives it."""
+        layers allow it, else each projection as ``projection`` gives it; the folded
+        products made are appended to ``folds``."""
         attention, mlp = layer.self_attn, layer.mlp
-        query_key_value = _fused([attention.q_proj, attention.k_proj, attention.v_proj], fold)
+        query_key_value = _fused([attention.q_proj, attention.k_proj, attention.v_proj], fold, folds)
         if gated_mlp:  # the family's MLP forward, down(act(gate(x)) * up(x)), over its own projections
-            gate_up, down, act = _fused([mlp.gate_proj, mlp.up_proj], fold), _single(mlp.down_proj, fold), mlp.act_fn
+            gate_up = _fused([mlp.gate_proj, mlp.up_proj], fold, folds)
+            down, act = _single(mlp.down_proj, fold, folds), mlp.act_fn
 
             def feed_forward(x: torch.Tensor) -> torch.Tensor:
                 gate, up = gate_up(x)
                 return down(act(gate) * up)
         else:
             feed_forward = mlp
-        return cls(_norm(layer.input_layernorm, fold), query_key_value, _single(attention.o_proj, fold),
+        return cls(_norm(layer.input_layernorm, fold), query_key_value, _single(attention.o_proj, fold, folds),
                    _norm(layer.post_attention_layernorm, fold), feed_forward)
 
 
-def _fused(modules: list[torch.nn.Module], fold: bool) -> Callable[[torch.Tensor], list[torch.Tensor]]:
+def _groups(layer: torch.nn.Module, gated_mlp: bool) -> list[list[torch.nn.Module]]:
+    """The projections of ``layer`` that one folded product each replaces."""
+    attention, mlp = layer.self_attn, layer.mlp
+    groups = [[attention.q_proj, attention.k_proj, attention.v_proj], [attention.o_proj]]
+    return groups + ([[mlp.gate_proj, mlp.up_proj], [mlp.down_proj]] if gated_mlp else [])
+
+
+def fold_bytes(family: DecoderFamily) -> tuple[int, int]:
+    """``(kept, transient)`` bytes a folded ``LeanDecoder`` of ``family`` allocates: the
+    copies of the folded, concatenated projections it keeps, and the largest float32
+    sum ``W + s·B A`` it makes while folding one projection."""
+    kept, transient = 0, 0
+    for layer in family.layers:
+        for group in _groups(layer, family.gated_mlp):
+            copy = fold_copy_bytes(group)
+            kept += copy
+            if copy:
+                transient = max(transient, *(module.weight.numel() * 4 if type(module) is torch.nn.Linear
+                                             else module.get_base_layer().weight.numel() * 4 for module in group))
+    return kept, transient
+
+
+def _fused(modules: list[torch.nn.Module], fold: bool,
+           folds: list[FoldedProjection]) -> Callable[[torch.Tensor], list[torch.Tensor]]:
     """The outputs of ``modules`` (which read one input) from one folded product when
     ``fold`` and they allow it, else one call each."""
     fused = fused_linear(modules) if fold else None
     if fused is not None:
+        folds.append(fused)
         return fused
     calls = [projection(module) for module in modules]
     return lambda x: [call(x) for call in calls]
 
 
-def _single(module: torch.nn.Module, fold: bool) -> Call:
+def _single(module: torch.nn.Module, fold: bool, folds: list[FoldedProjection]) -> Call:
     """``module``'s output from its folded product when ``fold`` and it allows it (no
     split of a one-part output on the decode step's path), else as ``projection`` gives it."""
     folded = folded_linear(module) if fold else None
-    return folded if folded is not None else projection(module)
+    if folded is None:
+        return projection(module)
+    folds.append(folded)
+    return folded
 
 
 def _norm(module: torch.nn.Module, fold: bool) -> Call:
@@ -96,20 +127,38 @@ def rotate(states: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) ->
 class LeanDecoder:
     """The prefill of the prompts and the one-token decode step of every row."""
 
-    def __init__(self, family: DecoderFamily, fold: bool = False) -> None:
+    def __init__(self, family: DecoderFamily, fold: bool = False, sharing: "LeanDecoder | None" = None) -> None:
         """Build it where the weights it runs with are in place (inside
         ``gathered_for_generation`` under FSDP2): the adapter state is read here.
 
         :param fold: compute each layer's LoRA-folded, concatenated projection weights
-            once (``projections.fused_linear``: a copy of the layers' weights) and run
-            one product per input; False runs the model's own projections.
+            (``projections.fused_linear``: a copy of the layers' weights, ``fold_bytes``)
+            and run one product per input; False runs the model's own projections.
+            ``refold`` writes the copy again from the current weights.
+        :param sharing: a decoder of the same model and weights whose layer calls (and
+            folded copy) this one uses instead of building its own.
         """
         self.family = family
         self.embed = family.decoder.get_input_embeddings()
-        self.layers = [_LayerCalls.of(layer, family.gated_mlp, fold) for layer in family.layers]
-        self.final_norm = _norm(family.decoder.norm, fold)
+        self.folds: list[FoldedProjection] = []
+        if sharing is not None:
+            self.layers, self.final_norm, self.folds = sharing.layers, sharing.final_norm, sharing.folds
+        else:
+            self.layers = [_LayerCalls.of(layer, family.gated_mlp, fold, self.folds) for layer in family.layers]
+            self.final_norm = _norm(family.decoder.norm, fold)
         self.cos: torch.Tensor | None = None  # [positions, d] in the model's dtype
         self.signed_sin: torch.Tensor | None = None  # [positions, d]: sin, its first half negated
+
+    @property
+    def folded(self) -> bool:
+        """Whether some projections run from a folded copy."""
+        return bool(self.folds)
+
+    def refold(self) -> None:
+        """Write the folded copy again, in place, from the layers' current weights (call
+        once per rollout that reuses this decoder: the weights may have been updated)."""
+        for folded in self.folds:
+            folded.refresh()
 
     def prepare_positions(self, length: int, like: torch.Tensor) -> None:
         """Compute the rotary table of positions ``0 … length-1`` once, with the model's
