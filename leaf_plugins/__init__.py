@@ -6,7 +6,7 @@ from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.core.engine import Engine, estimate
 from leaf_plugins.core.errors import ConfigError, LeafError, UnknownNameError
 from leaf_plugins.core.hookspecs import hookimpl
-from leaf_plugins.core.params import EstimatorParams
+from leaf_plugins.core.parameters import NoParameters
 from leaf_plugins.core.plugins import get_host
 from leaf_plugins.core.tree import Boundaries, EstimateResult, Node, Nodes
 
@@ -17,8 +17,8 @@ __all__ = [
     "ConfigError",
     "Engine",
     "EstimateResult",
-    "EstimatorParams",
     "LeafError",
+    "NoParameters",
     "Node",
     "Nodes",
     "RolloutBatch",
