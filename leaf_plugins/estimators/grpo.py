@@ -17,7 +17,7 @@ class GRPOParams:
     """GRPO's normalisation of the rewards (also ``tree_rloo``'s and ``tree_otb``'s)."""
 
     std_floor: float = field(default=0.0, metadata={
-        "help": "the group's reward std is at least this (>= 0) before dividing by it"})
+        "help": "floor (>= 0) of the group's reward std before dividing by it"})
     eps: float = field(default=1e-6, metadata={"help": "added to the divisor (> 0)"})
 
     def __post_init__(self) -> None:

@@ -29,7 +29,7 @@ class BudgetParams:
     """B, the boundary budget (``leaf``, ``collision``, ``tree_rloo``, ``tree_otb``)."""
 
     fork_budget: int = field(default=2, metadata={
-        "help": "B: at most this many boundaries per group (0: none; the credit is then the group's)"})
+        "help": "B: at most this many boundaries per group"})
 
     def __post_init__(self) -> None:
         if self.fork_budget < 0:
@@ -66,7 +66,8 @@ class SpanCreditParams:
     terms: Literal["both", "global", "local"] = field(default="both", metadata={
         "help": "both: GA + LA; global: GA only (r - V0); local: LA only (the node-to-node differences)"})
     normalize: Literal["none", "span", "token", "batch"] = field(default="span", metadata={
-        "help": "divide a span's credit by sqrt of its node's size (span), per token, over the batch, or not"})
+        "help": "z-score the raw advantages per group over its spans (one entry each), over its tokens, over "
+                "all tokens of the batch, or not at all"})
 
 
 @dataclass(frozen=True)
