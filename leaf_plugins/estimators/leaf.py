@@ -55,8 +55,8 @@ class HorizonParams:
     """Where LEAF's surprisal boundaries may lie (``leaf``, ``tree_rloo``, ``tree_otb``)."""
 
     horizon: Literal["shortest", "each"] = field(default="shortest", metadata={
-        "help": "candidates 1 <= t < the group's shortest length (the paper), or each: < the response's own "
-                "length (the authors' code)"})
+        "help": "shortest: boundary candidates 1 <= t < the group's shortest length (the paper); each: "
+                "t < the response's own length (the authors' code)"})
 
 
 @dataclass(frozen=True)
@@ -66,8 +66,8 @@ class SpanCreditParams:
     terms: Literal["both", "global", "local"] = field(default="both", metadata={
         "help": "both: GA + LA; global: GA only (r - V0); local: LA only (the node-to-node differences)"})
     normalize: Literal["none", "span", "token", "batch"] = field(default="span", metadata={
-        "help": "z-score the raw advantages per group over its spans (one entry each), over its tokens, over "
-                "all tokens of the batch, or not at all"})
+        "help": "span: z-score the raw advantages per group over its spans (one entry each); token: over "
+                "the group's tokens; batch: over all tokens of the batch; none: not at all"})
 
 
 @dataclass(frozen=True)

@@ -78,8 +78,8 @@ class TreeOTBParams(TreeRLOOParams):
     """Tree RLOO's parameters (scaled by the batch's std by default) and the variance-aware baseline's."""
 
     scale: Literal["group_std", "batch_std", "none"] = field(default="batch_std", metadata={
-        "help": "divide the advantages by one std pooled over the batch's groups, by the group's reward std "
-                "(as GRPO), or not at all"})
+        "help": "batch_std: divide the advantages by one std pooled over the batch's groups; group_std: by the "
+                "group's reward std (as GRPO); none: not at all"})
     own_share: bool = field(default=True, metadata={
         "help": "weigh the response's own return in its baseline by its share of the path-variance weights, "
                 "as verl's OTB (biased, lower variance)"})

@@ -28,8 +28,8 @@ class TreeRLOOParams(GRPOParams, HorizonParams, NodeParams, BudgetParams):
         "help": "prior weight (in responses) pulling a small node's leave-one-out value toward its parent's, "
                 "or auto: learnt per group from the other groups' nodes"})
     scale: Literal["group_std", "batch_std", "none"] = field(default="group_std", metadata={
-        "help": "divide the advantages by the group's reward std (as GRPO), by one std pooled over the batch's "
-                "groups, or not at all"})
+        "help": "group_std: divide the advantages by the group's reward std (as GRPO); batch_std: by one std "
+                "pooled over the batch's groups; none: not at all"})
 
     def __post_init__(self) -> None:
         if self.shrink != "auto" and not (0 <= self.shrink < math.inf):
