@@ -190,3 +190,9 @@ def test_a_path_that_is_no_run_file_is_one_line_naming_it(tmp_path, monkeypatch,
     monkeypatch.setattr(Path, "read_bytes", denied)
     assert main(["train", str(unreadable), "--check"]) == 2
     assert capsys.readouterr().err == f"leaf train: error: {unreadable}: cannot be read: Permission denied\n"
+
+
+def test_a_quoted_choice_is_a_choice(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text('estimator:\n  name: leaf\n  params: {horizon: "each", normalize: \'token\'}\n')
+    assert load_train_config(path).estimator.params == {"horizon": "each", "normalize": "token"}

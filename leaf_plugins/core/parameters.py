@@ -258,14 +258,15 @@ def _exact(option: Any, value: Any) -> bool:
     if option is type(None) or option is None:
         return value is None
     if origin is Literal:
-        return any(value == allowed and type(value) is type(allowed) for allowed in typing.get_args(option))
+        return any(isinstance(value, type(allowed)) and isinstance(value, bool) == isinstance(allowed, bool)
+                   and value == allowed for allowed in typing.get_args(option))  # a quoted YAML string is a str subclass
     if option is bool:
         return isinstance(value, bool)
     if option is int:
         return isinstance(value, int) and not isinstance(value, bool)
     if option is float:
         return isinstance(value, float) and not math.isnan(value)
-    if origin in (list, tuple, set, frozenset):
+    if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
             return False
         args = [a for a in typing.get_args(option) if a is not Ellipsis]
@@ -304,9 +305,10 @@ def describe_type(annotation: Any, short: bool = False) -> str:
 def _describe(option: Any, short: bool) -> str:
     origin = typing.get_origin(option)
     if origin is Literal:
-        return (" | " if short else ", ").join(_show(value) for value in typing.get_args(option)) if short else (
-            "one of " + ", ".join(_show(v) for v in typing.get_args(option)) if len(typing.get_args(option)) > 1
-            else _show(typing.get_args(option)[0]))
+        shown = [_show(value) for value in typing.get_args(option)]
+        if short:
+            return " | ".join(shown)
+        return shown[0] if len(shown) == 1 else "one of " + ", ".join(shown)
     if option is type(None) or option is None:
         return "null"
     if option is Any:
