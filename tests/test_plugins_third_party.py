@@ -180,8 +180,8 @@ def test_bench_credit_measures_the_named_estimators_with_their_parameters(plugin
     ("tempered:temperature=hot", "--estimator 'tempered:temperature=hot': temperature must be a number, got 'hot'"),
     ("tempred", "--estimator 'tempred': Unknown estimator 'tempred'. Did you mean 'tempered'?"),
 ])
-@pytest.mark.parametrize("benchmark", ["speed", "credit"])
-def test_bench_refuses_a_bad_estimator_choice_in_one_line(plugin_path, tmp_path, benchmark, choice, message):
-    done = leaf(plugin_path, "bench", benchmark, "--quick", "--out", str(tmp_path), "--estimator", choice)
+@pytest.mark.parametrize("which", ["speed", "credit"])
+def test_bench_refuses_a_bad_estimator_choice_in_one_line(plugin_path, tmp_path, which, choice, message):
+    done = leaf(plugin_path, "bench", which, "--quick", "--out", str(tmp_path), "--estimator", choice)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.splitlines()[-1].startswith(f"leaf bench: error: {message}")

@@ -217,15 +217,17 @@ def load_study(path: Path, overrides: Iterable[str] = (), host: PluginHost | Non
 def _estimator_problems(runs: list[PlannedRun], sections: list[Any], where: str, host: PluginHost) -> list[str]:
     """Estimator stages and parameters of each distinct estimator setting, every error at
     the place that gave the culprit (the base, a variation, an override)."""
-    problems, seen = [], set()
+    problems, seen, reported = [], set(), set()
     for run, section in zip(runs, sections):
         key = repr({name: section.get(name) for name in ("name", "params", "stages")} if isinstance(section, dict)
                    else section)
         if key in seen:
             continue
         seen.add(key)
-        problems += [f"{at}: variation {run.variation!r}: {message}"
-                     for at, message in estimator_problems(section, where, host, EstimatorConfig.name)]
+        for at, message in estimator_problems(section, where, host, EstimatorConfig.name):
+            if (at, message) not in reported:  # a mistake in the base: once, with the first variation it spoils
+                reported.add((at, message))
+                problems.append(f"{at}: variation {run.variation!r}: {message}")
     return problems
 
 
