@@ -182,3 +182,25 @@ def test_core_holds_no_built_in_estimators_parameter():
     text = "\n".join(path.read_text() for path in sorted(CORE.glob("*.py")))
     found = [name for name in names if re.search(rf"\b{name}\b", text)]
     assert found == []
+
+
+def test_leaf_plugins_lists_parameters_and_says_what_a_former_declaration_needs(monkeypatch, capsys):
+    from leaf_plugins.cli import main
+    from leaf_plugins.commands import plugins
+
+    host = host_with(mix=Recording(MixParams, []), old=Recording(frozenset(), []),
+                     names=Recording(frozenset({"gain"}), []))
+    monkeypatch.setattr(plugins, "get_host", lambda: host)
+    assert main(["plugins", "--kind", "estimator"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    mix = next(i for i, line in enumerate(lines) if line.split()[:3] == ["estimator", "mix", "extra"])
+    assert lines[mix + 1].split() == ["gain:", "float", "=", "0.5", "how", "much", "of", "the", "reward", "to", "keep"]
+    assert lines[mix + 2].strip() == "rounds: int = 1"
+    assert lines[mix + 3].strip() == "mode: 'mean' | 'max' = 'mean'"
+    assert lines[mix + 4].strip() == "cap: float | 'auto' = 'auto'"
+    assert lines[mix + 5].strip() == "limit: int | null = null"
+    old = next(i for i, line in enumerate(lines) if line.split()[:2] == ["estimator", "old"])
+    assert "declares no parameter dataclass: give it `parameters = NoParameters`" in lines[old + 1]
+    names = next(i for i, line in enumerate(lines) if line.split()[:2] == ["estimator", "names"])
+    assert "parameters: error: estimator 'names' declares its parameters as names (gain)" in lines[names + 1]
+    assert any(line.split()[:2] == ["estimator", "leaf"] for line in lines)  # the others are listed as ever
