@@ -55,7 +55,8 @@ def parse_choice(text: str, host: PluginHost | None = None) -> EstimatorChoice:
         try:
             params[key.strip()] = YAML(typ="safe").load(raw) if raw.strip() else None
         except MarkedYAMLError as error:
-            raise ConfigError(f"--estimator {text!r}: the value of {key.strip()} is not YAML: {error.problem}") from None
+            raise ConfigError(f"--estimator {text!r}: the value of {key.strip()} is not YAML: "
+                              f"{error.problem}") from None
     choice = EstimatorChoice(name.strip(), tuple(params.items()))
     try:
         Engine(choice.name, params, host=host)

@@ -33,10 +33,18 @@ from typing import Any, Iterable, Literal, Mapping
 
 from leaf_plugins.core.errors import ConfigError, suggest
 
-__all__ = ["NoParameters", "Parameter", "ParameterSchema", "parameters_class", "parameter_list", "describe_type",
-           "check_value"]
+__all__ = ["NoParameters", "Parameter", "ParameterSchema", "Problem", "parameters_class", "parameter_list",
+           "describe_type", "check_value"]
 
-Problem = tuple[str | None, str]  # (the parameter at fault, or None for a combination; the message)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with the parameters given."""
+
+    key: Any  # the parameter at fault, as given (None for a combination, or parameters missing)
+    message: str
+    whole: bool = False  # about the parameters together, not one of them
 
 
 @dataclass(frozen=True)
@@ -96,7 +104,7 @@ def parameters_class(name: str, estimator: object) -> type:
 def parameter_list(cls: type, owner: str = "") -> list[Parameter]:
     """The fields of dataclass ``cls`` as parameters (in declaration order)."""
     try:
-        hints = typing.get_type_hints(cls, include_extras=False)
+        hints = typing.get_type_hints(cls)
     except Exception as error:  # a hint naming something the module does not import
         raise ConfigError(f"estimator {owner or cls.__name__!r}: the type hints of {cls.__name__} cannot be "
                           f"resolved ({type(error).__name__}: {error})") from None
@@ -135,7 +143,8 @@ class ParameterSchema:
         """Every accepted parameter name (the main estimator's first)."""
         return list(dict.fromkeys(name for declared in self.declared.values() for name in declared))
 
-    def parameter(self, key: str) -> Parameter | None:
+    def parameter(self, key: Any) -> Parameter | None:
+        """The declaration of ``key`` (None when no involved estimator declares it)."""
         return next((declared[key] for declared in self.declared.values() if key in declared), None)
 
     def problems(self, values: Mapping[str, Any]) -> list[Problem]:
@@ -147,26 +156,27 @@ class ParameterSchema:
         for key, value in values.items():
             parameter = self.parameter(key) if isinstance(key, str) else None
             if parameter is None:
-                problems.append((str(key), self.unknown_message(key)))
+                problems.append(Problem(key, self.unknown_message(key)))
                 continue
             converted, problem = check_value(key, parameter.annotation, value)
             if problem:
-                problems.append((key, problem))
+                problems.append(Problem(key, problem))
                 continue
             rejected = self._rejections({key: converted})
             if rejected:
-                problems.append((key, rejected if key in rejected else f"{key}={value!r}: {rejected}"))
+                problems.append(Problem(key, rejected if key in rejected else f"{key}={value!r}: {rejected}"))
                 continue
             checked[key] = converted
         for owner, declared in self.declared.items():
             missing = [p.name for p in declared.values() if p.required and p.name not in values]
             if missing:
-                problems.append((None, f"estimator {owner!r} needs parameter{'s' if len(missing) > 1 else ''} "
-                                       f"{', '.join(missing)} ({'; '.join(self._expects(n) for n in missing)})"))
+                problems.append(Problem(None, f"estimator {owner!r} needs parameter{'s' if len(missing) > 1 else ''} "
+                                              f"{', '.join(missing)} ({'; '.join(self._expects(n) for n in missing)})",
+                                        whole=True))
         if not problems:
             rejected = self._rejections(checked)
             if rejected:
-                problems.append((None, rejected))
+                problems.append(Problem(None, rejected, whole=True))
         return problems
 
     def build(self, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -174,7 +184,7 @@ class ParameterSchema:
         it declares); every problem raised together as one ``ConfigError``."""
         problems = self.problems(values)
         if problems:
-            raise ConfigError("; ".join(message for _, message in problems))
+            raise ConfigError("; ".join(problem.message for problem in problems))
         return self._instances({key: check_value(key, self.parameter(key).annotation, value)[0]
                                 for key, value in values.items()})
 
@@ -258,8 +268,9 @@ def _exact(option: Any, value: Any) -> bool:
     if option is type(None) or option is None:
         return value is None
     if origin is Literal:
+        # isinstance, not type equality: a quoted YAML string is a subclass of str
         return any(isinstance(value, type(allowed)) and isinstance(value, bool) == isinstance(allowed, bool)
-                   and value == allowed for allowed in typing.get_args(option))  # a quoted YAML string is a str subclass
+                   and value == allowed for allowed in typing.get_args(option))
     if option is bool:
         return isinstance(value, bool)
     if option is int:

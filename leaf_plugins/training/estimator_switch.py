@@ -111,14 +111,15 @@ def estimator_problems(section: Any, where: str, host: PluginHost, default_name:
     except LeafError as error:
         return [(key_location(section, "stages", where), f"estimator.stages: {error}")]
     problems = []
-    for key, message in schema.problems(dict(params)):
-        if key is None:
-            problems.append((key_location(section, "params", where), f"estimator.params: {message}"))
+    for problem in schema.problems(dict(params)):
+        key = problem.key
+        if problem.whole:
+            problems.append((key_location(section, "params", where), f"estimator.params: {problem.message}"))
         elif schema.parameter(key) is None:
             problems.append((_param_location(section, key, where), f"estimator.params.{key}: "
                                                                      f"{_not_read(name, key, schema.names, host)}"))
         else:
-            problems.append((_param_location(section, key, where), f"estimator.params.{key}: {message}"))
+            problems.append((_param_location(section, key, where), f"estimator.params.{key}: {problem.message}"))
     return problems
 
 
