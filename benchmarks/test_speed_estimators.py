@@ -2,7 +2,9 @@
 tensor operations' dispatch, whatever the data), and the slow reference on the same batches.
 
 Run: python -m pytest benchmarks/test_speed_estimators.py --benchmark-only
-(``leaf bench speed`` runs this and prints the ratio table). ``LEAF_BENCH_DEVICE=cuda``
+(``leaf bench speed`` runs this and prints the ratio table). The estimators: every
+registered one at its defaults, or those ``LEAF_BENCH_ESTIMATORS`` names, one
+``NAME[:P=V[,P=V]]`` choice per line (``leaf bench speed --estimator ...``). ``LEAF_BENCH_DEVICE=cuda``
 (``leaf bench speed --device cuda``) times the estimators on that device, each call
 synchronised before the clock stops; the slow references always run on the CPU.
 """
@@ -16,10 +18,12 @@ import torch
 
 import leaf_plugins as lp
 from batches import SIZES, as_policy_groups, as_reference_groups, synthetic_batch
+from leaf_plugins.bench.estimator_choice import estimator_choices
 from reference_estimators import estimate_groups
 from reference_otb import otb_groups
 
-ESTIMATORS = ["grpo", "leaf", "collision", "full_tree", "otb", "tree_rloo", "tree_otb"]
+CHOICES = estimator_choices(os.environ.get("LEAF_BENCH_ESTIMATORS", "").splitlines())
+ESTIMATORS = {choice.label: choice for choice in CHOICES}
 DEVICE = torch.device(os.environ.get("LEAF_BENCH_DEVICE", "cpu"))
 _BATCHES: dict[str, lp.RolloutBatch] = {}
 
@@ -40,19 +44,20 @@ def estimate_synchronised(engine: lp.Engine, batch: lp.RolloutBatch) -> lp.Estim
 
 # estimators of one size run one after the other, so that their ratios compare runs
 # made under the same conditions (machine load, allocator state)
-@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("estimator", list(ESTIMATORS))
 @pytest.mark.parametrize("size", list(SIZES))
 def test_estimator_speed(benchmark, estimator, size):
     batch = batch_of(size).to(DEVICE)
-    engine = lp.Engine(estimator)
+    engine = ESTIMATORS[estimator].engine()
     benchmark.group = size
     benchmark.extra_info.update(estimator=estimator, size=size, tokens=int(batch.lengths.sum()), device=str(DEVICE))
     result = benchmark(estimate_synchronised, engine, batch)
     assert result.advantages.shape == batch.tokens.shape
 
 
-REFERENCE_CASES = [("grpo", "paper-6x8x200"), ("leaf", "paper-6x8x200"), ("collision", "paper-6x8x200"),
-                   ("otb", "paper-6x8x200"), ("leaf", "64x8x1024")]
+REFERENCE_CASES = [case for case in [("grpo", "paper-6x8x200"), ("leaf", "paper-6x8x200"),
+                                      ("collision", "paper-6x8x200"), ("otb", "paper-6x8x200"), ("leaf", "64x8x1024")]
+                   if case[0] in ESTIMATORS]  # a reference of an estimator measured at its defaults
 
 
 @pytest.mark.parametrize("estimator, size", REFERENCE_CASES)

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from leaf_plugins.core.engine import Engine, estimate
     from leaf_plugins.core.errors import ConfigError, LeafError, UnknownNameError
     from leaf_plugins.core.hookspecs import hookimpl
-    from leaf_plugins.core.params import EstimatorParams
+    from leaf_plugins.core.parameters import NoParameters
     from leaf_plugins.core.plugins import get_host
     from leaf_plugins.core.tree import Boundaries, EstimateResult, Node, Nodes
 
@@ -28,7 +28,7 @@ _HOMES = {
     "LeafError": "leaf_plugins.core.errors",
     "UnknownNameError": "leaf_plugins.core.errors",
     "hookimpl": "leaf_plugins.core.hookspecs",
-    "EstimatorParams": "leaf_plugins.core.params",
+    "NoParameters": "leaf_plugins.core.parameters",
     "get_host": "leaf_plugins.core.plugins",
     "Boundaries": "leaf_plugins.core.tree",
     "EstimateResult": "leaf_plugins.core.tree",
@@ -41,8 +41,8 @@ __all__ = [
     "ConfigError",
     "Engine",
     "EstimateResult",
-    "EstimatorParams",
     "LeafError",
+    "NoParameters",
     "Node",
     "Nodes",
     "RolloutBatch",

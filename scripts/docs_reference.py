@@ -136,30 +136,16 @@ def config_page() -> str:
 
 
 # ------------------------------------------------------------------------- estimators
-def estimator_parameters(estimator: Any) -> list[tuple[str, str, str, str]]:
-    """``(name, type, default, help)`` of each parameter ``estimator`` reads: from its
-    ``parameters`` dataclass, or, where ``parameters`` is a set of names, from the shared
-    parameter dataclass (``leaf_plugins.core.params.EstimatorParams``) where it has them."""
-    declared = getattr(estimator, "parameters", None)
-    if isinstance(declared, type) and dataclasses.is_dataclass(declared):
-        comments = field_comments(declared)
-        return [(f.name, _type(f), _default(f), f.metadata.get("help") or comments.get(f.name, ""))
-                for f in dataclasses.fields(declared)]
-    names = sorted(declared or ())
-    try:
-        from leaf_plugins.core.params import EstimatorParams
-        shared = {f.name: f for f in dataclasses.fields(EstimatorParams)}
-        comments = field_comments(EstimatorParams)
-    except ImportError:
-        shared, comments = {}, {}
-    defaults = getattr(estimator, "defaults", {}) or {}
-    rows = []
-    for name in names:
-        field = shared.get(name)
-        default = f"`{defaults[name]!r}`" if name in defaults else (_default(field) if field else "")
-        rows.append((name, _type(field) if field else "", default,
-                     (field.metadata.get("help") if field else "") or comments.get(name, "")))
-    return rows
+def estimator_parameters(name: str, estimator: Any) -> list[tuple[str, str, str, str]]:
+    """``(name, type, default, help)`` of each parameter of estimator ``name``, from its
+    ``parameters`` dataclass (``leaf_plugins.core.parameters`` reads it as ``leaf plugins``
+    does; a field without help text falls back to the comment on its line)."""
+    from leaf_plugins.core.parameters import parameter_list, parameters_class
+
+    declared = parameters_class(name, estimator)
+    comments = field_comments(declared)
+    return [(p.name, f"`{p.type_text}`".replace("|", "\\|"), f"`{p.default_text}`",
+             p.help or comments.get(p.name, "")) for p in parameter_list(declared, name)]
 
 
 def estimators_page() -> str:
@@ -177,7 +163,7 @@ def estimators_page() -> str:
         entry = registry.entry(name)
         doc = inspect.getdoc(entry.value) or ""
         out += [f"## `{name}`", "", f"From the package `{entry.origin}`.", "", doc, ""]
-        rows = estimator_parameters(entry.value)
+        rows = estimator_parameters(name, entry.value)
         if rows:
             out += ["| parameter | type | default | meaning |", "|---|---|---|---|"]
             out += [f"| `{p}` | {t} | {d} | {h.replace('|', chr(92) + '|')} |" for p, t, d, h in rows]

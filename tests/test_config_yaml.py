@@ -37,6 +37,44 @@ def test_three_mistakes_reported_at_once_with_locations(tmp_path):
     assert f"{path}:9:3: rollout.group_size: expected int, got 'eight'" in message
 
 
+SEVERAL = """\
+stpes: 20
+rollout:
+  group_size: eight
+estimator:
+  name: leaf
+  params:
+    fork_budgt: 2
+"""
+
+
+def test_every_mistake_is_reported_at_once_the_estimators_parameters_included(tmp_path, capsys):
+    path = tmp_path / "run.yaml"
+    path.write_text(SEVERAL)
+    assert main(["train", str(path), "estimator.params.horizon=eachh", "optim.learning_rate=fast"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"leaf train: error: {path}: 5 errors in the configuration:\n"
+        f"  override 'optim.learning_rate=fast': optim.learning_rate: expected float, got 'fast'\n"
+        f"  override 'estimator.params.horizon=eachh': estimator.params.horizon: horizon must be one of shortest, "
+        f"each; got 'eachh'. Did you mean 'each'?\n"
+        f"  {path}:1:1: unknown key 'stpes'. Did you mean 'steps'? Valid keys: output_dir, seed, steps, "
+        f"checkpoint_every, log_rollouts, nonfinite_rewards, reward, backbone, task, estimator, rollout, optim, lora\n"
+        f"  {path}:3:3: rollout.group_size: expected int, got 'eight'\n"
+        f"  {path}:7:5: estimator.params.fork_budgt: estimator 'leaf' has no parameter 'fork_budgt'. Did you mean "
+        f"'fork_budget'? Its parameters: fork_budget, horizon, min_group, normalize, terms\n")
+
+
+def test_an_unknown_estimator_is_one_error_and_its_parameters_are_not_judged_by_another(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("steps: eleven\nestimator:\n  name: leef\n  params: {fork_budget: 3}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_train_config(path)
+    message = str(caught.value)
+    assert "2 errors" in message and f"{path}:3:3: estimator.name: Unknown estimator 'leef'. Did you mean 'leaf'" \
+        in message and f"{path}:1:1: steps: expected int, got 'eleven'" in message
+
+
 def test_overrides_apply_and_are_named_when_wrong(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("steps: 10\nestimator:\n  name: leaf\n")
@@ -152,3 +190,9 @@ def test_a_path_that_is_no_run_file_is_one_line_naming_it(tmp_path, monkeypatch,
     monkeypatch.setattr(Path, "read_bytes", denied)
     assert main(["train", str(unreadable), "--check"]) == 2
     assert capsys.readouterr().err == f"leaf train: error: {unreadable}: cannot be read: Permission denied\n"
+
+
+def test_a_quoted_choice_is_a_choice(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text('estimator:\n  name: leaf\n  params: {horizon: "each", normalize: \'token\'}\n')
+    assert load_train_config(path).estimator.params == {"horizon": "each", "normalize": "token"}

@@ -104,7 +104,7 @@ def test_no_finite_batch_makes_estimate_return_a_non_finite_advantage(estimator,
 
 def test_an_estimator_that_overflows_is_stopped_at_the_engine():
     class Overflowing:
-        parameters = ()
+        parameters = lp.NoParameters
 
         @lp.hookimpl
         def select_boundaries(self, batch, params):

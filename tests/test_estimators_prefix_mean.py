@@ -133,7 +133,7 @@ def test_shared_prefix_lengths_are_every_pairs_longest_common_prefix(seed):
     ({"prefix_mean": "yes"}, "prefix_mean must be true or false"),
     ({"ridge": -0.1}, "ridge must be a finite number >= 0"),
     ({"ridge": float("inf")}, "ridge must be a finite number >= 0"),
-    ({"ridge": True}, "ridge must be a finite number >= 0"),
+    ({"ridge": True}, "ridge must be a number, got True"),
 ])
 def test_bad_prefix_mean_and_ridge_are_named(params, message):
     with pytest.raises(ConfigError, match=message):

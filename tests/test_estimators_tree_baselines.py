@@ -376,7 +376,7 @@ def test_tree_otb_names_a_missing_policy_field(missing):
 
 
 def test_parameters_are_validated_with_suggestions():
-    with pytest.raises(ConfigError, match="shrink must be a finite number >= 0 or 'auto'"):
+    with pytest.raises(ConfigError, match=r"shrink must be a number or 'auto', got 'automatic'\. Did you mean 'auto'\?"):
         lp.Engine("tree_rloo", {"shrink": "automatic"})
     with pytest.raises(ConfigError, match="shrink must be a finite number >= 0"):
         lp.Engine("tree_rloo", {"shrink": -1.0})

@@ -218,20 +218,6 @@ def test_the_advantages_example_gives_the_values_worked_by_hand():
     assert torch.tensor(shown).tolist() == expected.mul(1e4).round().div(1e4).tolist()  # the printed output
 
 
-def estimators_own_their_parameters() -> bool:
-    """Whether this tree's engine takes an estimator's ``parameters`` dataclass (core holds
-    no built-in estimator's parameter)."""
-    import dataclasses
-
-    try:
-        from leaf_plugins.core.params import EstimatorParams
-    except ImportError:
-        return True
-    return "fork_budget" not in {field.name for field in dataclasses.fields(EstimatorParams)}
-
-
-@pytest.mark.skipif(not estimators_own_their_parameters(),
-                    reason="this tree's engine reads parameters from core's shared EstimatorParams")
 def test_the_own_estimator_example_registers_and_gives_rloo_times_its_parameter():
     import types
 

@@ -56,6 +56,23 @@ def test_every_mistake_is_reported_at_once_with_file_line_and_column(tmp_path):
     assert message.count("sentense_bleu") == 1  # reported once, not once per run
 
 
+def test_estimator_parameters_are_reported_with_the_other_mistakes(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("output_dir: out\nbase:\n  stpes: 20\n  rollout: {group_size: eight}\n"
+                    "  estimator: {name: leaf, params: {fork_budgt: 2}}\ngrid:\n  estimator.params.horizon: [each, eech]\n")
+    with pytest.raises(ConfigError) as caught:
+        load_study(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: 4 errors in the configuration:")
+    for line in [f"{path}:3:3: unknown key 'base.stpes'. Did you mean 'steps'?",
+                 f"{path}:4:13: base.rollout.group_size: expected int, got 'eight'",
+                 f"{path}:5:36: variation 'horizon=each': estimator.params.fork_budgt: estimator 'leaf' has no parameter "
+                 f"'fork_budgt'. Did you mean 'fork_budget'?",  # once, though both variations have it
+                 f"{path}:7:36: variation 'horizon=eech': estimator.params.horizon: horizon must be one of shortest, each; "
+                 f"got 'eech'. Did you mean 'each'?"]:
+        assert line in message, (line, message)
+
+
 def test_cli_check_exits_2_and_names_the_file(tmp_path, capsys):
     path = tmp_path / "bad.yaml"
     path.write_text(BAD)

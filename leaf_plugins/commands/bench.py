@@ -13,12 +13,18 @@ from pathlib import Path
 from leaf_plugins.core.errors import ConfigError
 
 NAME = "bench"
-HELP = ("Run benchmarks: 'speed' times every estimator against GRPO and the reference; "
-        "'credit' measures credit quality against exact ground truth; "
+HELP = ("Run benchmarks: 'speed' times estimators (every registered one, or those --estimator names) against "
+        "GRPO and the reference; 'credit' measures their credit quality against exact ground truth; "
         "'step' measures a training step's phases and peak memory, old path and new; "
         "'rollout' times both rollout backends against the memory-bandwidth floor.")
 
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
+CHOICE_FORMAT = "NAME[:P=V[,P=V]]"
+ESTIMATORS_ENV = "LEAF_BENCH_ESTIMATORS"  # the speed suite's estimators: --estimator choices, one per line
+
+ESTIMATOR_HELP = ("an estimator to measure, registered (third-party ones included), with parameters of its own "
+                  "(e.g. --estimator grpo --estimator tree_otb:ridge=0.1,shrink=auto); repeatable; default: every "
+                  "registered estimator at its defaults")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     speed.add_argument("--device", default="cpu", metavar="DEVICE",
                        help="where the estimators run, e.g. cuda (each call synchronised; the slow references "
                             "stay on the CPU)")
+    speed.add_argument("--estimator", action="append", metavar=CHOICE_FORMAT, dest="estimators",
+                       help=ESTIMATOR_HELP)
     speed.set_defaults(bench=run_speed)
     credit = sub.add_parser("credit", help="credit quality against exact values and gradients (tabular task)")
     credit.add_argument("--out", type=Path, default=Path("results/credit"), help="directory for tables and plots")
@@ -49,6 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the direction protocol's step length (default 0.25)")
     credit.add_argument("--adam-learning-rate", type=float, metavar="LR",
                         help="the adam protocol's shared learning rate (default 0.05)")
+    credit.add_argument("--estimator", action="append", metavar=CHOICE_FORMAT, dest="estimators",
+                        help=ESTIMATOR_HELP + "; the exact oracle is always measured")
     credit.set_defaults(bench=run_credit)
     step = sub.add_parser("step", help="one training step's time per phase and peak memory, old path and new")
     step.add_argument("--out", type=Path, default=Path("results/step"), help="directory for JSON, tables and plot")
@@ -86,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_speed(args: argparse.Namespace) -> int:
+    from leaf_plugins.bench.estimator_choice import estimator_choices
     from leaf_plugins.bench.speed import combine_runs, plot_speed, ratio_spread, read_speed_rows, speed_table
 
     suite = SOURCE_ROOT / "benchmarks" / "test_speed_estimators.py"
@@ -93,6 +104,11 @@ def run_speed(args: argparse.Namespace) -> int:
         raise ConfigError(f"the benchmark suite is not here ({suite}): run 'leaf bench speed' from a source checkout")
     if args.repeats < 1:
         raise ConfigError(f"--repeats must be at least 1, got {args.repeats}")
+    choices = estimator_choices(args.estimators)  # checked here, so that a mistake is one line, not a failed suite
+    environment = os.environ | {"LEAF_BENCH_DEVICE": args.device}
+    if args.estimators:
+        environment[ESTIMATORS_ENV] = "\n".join(args.estimators)
+    print("estimators:", ", ".join(choice.label for choice in choices), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     runs = []
     for run_number in range(1, args.repeats + 1):
@@ -102,7 +118,7 @@ def run_speed(args: argparse.Namespace) -> int:
         if args.quick:
             command += ["-k", "not 256x16x2048"]
         print(f"run {run_number}/{args.repeats}:", " ".join(command), flush=True)
-        done = subprocess.run(command, cwd=SOURCE_ROOT, env=os.environ | {"LEAF_BENCH_DEVICE": args.device})
+        done = subprocess.run(command, cwd=SOURCE_ROOT, env=environment)
         if done.returncode != 0:
             return done.returncode
         runs.append(read_speed_rows(report))
@@ -124,7 +140,9 @@ def run_speed(args: argparse.Namespace) -> int:
 def run_credit(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
+    from leaf_plugins.bench.credit.estimators import ORACLE
     from leaf_plugins.bench.credit.learning import PROTOCOLS
+    from leaf_plugins.bench.estimator_choice import estimator_choices
     from leaf_plugins.bench.credit.plots import plot_cosines, plot_learning
     from leaf_plugins.bench.credit.sweep import (
         Settings, held_out_regimes, markdown_table, regimes, run_sweep, write_csv,
@@ -149,7 +167,8 @@ def run_credit(args: argparse.Namespace) -> int:
         if name not in known:
             raise ConfigError(f"unknown regime {name!r}.{suggest(name, known)} Regimes: {', '.join(known)}")
     chosen = [known[name] for name in args.regimes] if args.regimes else held_out_regimes() if args.held_out else None
-    rows = run_sweep(settings, chosen)
+    estimators = [*estimator_choices(args.estimators), ORACLE] if args.estimators else None
+    rows = run_sweep(settings, chosen, estimators)
     args.out.mkdir(parents=True, exist_ok=True)
     table = markdown_table(rows)
     (args.out / "credit.md").write_text(table + "\n")

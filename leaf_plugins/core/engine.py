@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, Iterable, Mapping
 
 import pluggy
@@ -11,11 +12,11 @@ from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.core.errors import ConfigError, suggest
 from leaf_plugins.core.finite import check_finite
 from leaf_plugins.core.hookspecs import PROJECT, LeafSpecs
-from leaf_plugins.core.params import EstimatorParams
+from leaf_plugins.core.parameters import ParameterSchema
 from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.core.tree import EstimateResult
 
-__all__ = ["Engine", "estimate", "accepted_parameters", "STAGES"]
+__all__ = ["Engine", "estimate", "parameter_schema", "STAGES"]
 
 STAGES = ("select_boundaries", "retain_nodes", "compute_advantages")
 
@@ -35,23 +36,19 @@ class Engine:
         host = host or get_host()
         self.name = estimator
         main = host.estimators.get(estimator)
+        borrowed = _borrowed_stages(stages, host)
+        schema = ParameterSchema.of(host.estimators, estimator, borrowed.values())
+        instances = schema.build(dict(params or {}))
+        self.params = instances[estimator]  # an instance of the estimator's own parameter dataclass
         self.manager = pluggy.PluginManager(PROJECT)
         self.manager.add_hookspecs(LeafSpecs)
         self.manager.register(main, name=f"estimator:{estimator}")
-        for stage, source in (stages or {}).items():
-            if stage not in STAGES:
-                raise ConfigError(f"unknown estimator stage {stage!r}.{suggest(stage, STAGES)} Stages: {', '.join(STAGES)}")
-            other = host.estimators.get(source)
-            if not hasattr(other, stage):
-                raise ConfigError(f"estimator {source!r} does not implement stage {stage!r}")
-            self.manager.register(_stage_override(stage, other), name=f"stage:{stage}:{source}")
+        for stage, source in borrowed.items():
+            override = _stage_override(stage, host.estimators.get(source), instances[source])
+            self.manager.register(override, name=f"stage:{stage}:{source}")
         for index, observer in enumerate(observers):
             self.manager.register(observer, name=f"observer:{index}:{type(observer).__name__}")
         self.manager.check_pending()
-        self.params = EstimatorParams.for_estimator(
-            estimator, sorted(accepted_parameters(estimator, stages, host)), dict(params or {}),
-            getattr(main, "defaults", None),
-        )
 
     def estimate(self, batch: RolloutBatch) -> EstimateResult:
         """Boundaries, nodes and advantages of ``batch`` through the estimator's stages.
@@ -75,23 +72,40 @@ class Engine:
             raise ConfigError(f"estimator {self.name!r} has no implementation of stage {stage!r}")
 
 
-def accepted_parameters(
+def _borrowed_stages(stages: Mapping[str, str] | None, host: PluginHost) -> dict[str, str]:
+    """``stages`` (stage -> registered estimator) checked: known stages, registered
+    estimators that implement them."""
+    if stages is not None and not isinstance(stages, Mapping):
+        raise ConfigError(f"estimator stages must be a mapping of stage: estimator, got {stages!r}")
+    for stage, source in (stages or {}).items():
+        if stage not in STAGES:
+            raise ConfigError(f"unknown estimator stage {stage!r}.{suggest(str(stage), STAGES)} Stages: {', '.join(STAGES)}")
+        if not hasattr(host.estimators.get(source), stage):
+            raise ConfigError(f"estimator {source!r} does not implement stage {stage!r}")
+    return dict(stages or {})
+
+
+def parameter_schema(
     estimator: str, stages: Mapping[str, str] | None = None, host: PluginHost | None = None
-) -> frozenset[str]:
-    """The parameter names an estimator reads, with those of the estimators its stage
-    overrides come from (``stages``: stage -> registered estimator name)."""
-    registry = (host or get_host()).estimators
-    sources = [estimator, *(source for stage, source in (stages or {}).items() if stage in STAGES)]
-    return frozenset(name for source in sources for name in getattr(registry.get(source), "parameters", ()))
+) -> ParameterSchema:
+    """The parameters an estimator accepts: its own dataclass's, with those of the
+    estimators its borrowed stages come from (``stages``: stage -> registered estimator)."""
+    host = host or get_host()
+    return ParameterSchema.of(host.estimators, estimator, _borrowed_stages(stages, host).values())
 
 
-def _stage_override(stage: str, estimator: object) -> object:
-    """A plugin whose only hook is ``stage``, forwarded to ``estimator`` and called
-    before the main estimator's own implementation of that stage."""
+def _stage_override(stage: str, estimator: object, params: object) -> object:
+    """A plugin whose only hook is ``stage``, forwarded to ``estimator`` with ``params``
+    (an instance of that estimator's own parameter dataclass) and called before the main
+    estimator's own implementation of that stage."""
     impl = getattr(estimator, stage)
+    names = list(inspect.signature(impl).parameters)  # the order pluggy passes the arguments in
+    slot = names.index("params") if "params" in names else None
 
     @functools.wraps(impl)  # pluggy reads the argument names through the wrapper
     def forward(*args: Any) -> Any:
+        if slot is not None:
+            args = (*args[:slot], params, *args[slot + 1:])
         return impl(*args)
 
     plugin = type(f"{stage}_from_{type(estimator).__name__}", (), {})()
@@ -111,7 +125,7 @@ def estimate(
     :param estimator: a registered estimator name: ``grpo``, ``leaf``, ``collision``,
         ``full_tree`` or a third-party one (``leaf plugins`` lists them).
     :param stages: optional stage overrides, e.g. ``{"select_boundaries": "collision"}``.
-    :param params: estimator parameters (``fork_budget``, ``min_group``, ``horizon``,
-        ``terms``, ``normalize``, ``std_floor``, ``eps``; each estimator reads a subset).
+    :param params: the estimator's parameters, the fields of its ``parameters``
+        dataclass (``leaf plugins`` lists them; docs/estimators.md has the built-ins').
     """
     return Engine(estimator, params, stages).estimate(batch)

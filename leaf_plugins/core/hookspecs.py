@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     import torch
 
     from leaf_plugins.core.batch import RolloutBatch
-    from leaf_plugins.core.params import EstimatorParams
     from leaf_plugins.core.stages import PolicyLoss, Rollout, StepContext
     from leaf_plugins.core.tree import Boundaries, EstimateResult, Nodes
 
@@ -50,11 +49,21 @@ class LeafSpecs:
 
         :param register: call ``register(name, estimator)`` once per estimator. The
             estimator is an object whose ``hookimpl`` methods implement some of the stage
-            hooks ``select_boundaries``, ``retain_nodes`` and ``compute_advantages``; it
-            has a ``parameters`` attribute, the set of ``EstimatorParams`` field names it
-            reads (any other parameter passed to it is an error), optionally a
-            ``defaults`` dict of its own default values for some of them, and a
-            docstring whose first line describes it in ``leaf plugins``.
+            hooks ``select_boundaries``, ``retain_nodes`` and ``compute_advantages``, and
+            whose docstring's first line describes it in ``leaf plugins``.
+
+        The estimator declares its parameters as ``parameters = SomeParams``: a
+        (preferably frozen) ``@dataclass`` class whose fields are the parameters, each
+        with a type hint, a default and its help in ``field(default=...,
+        metadata={"help": "..."})``; ``leaf_plugins.NoParameters`` when it has none.
+        leaf-plugins checks every value given (``Engine(name, params={...})``,
+        ``estimator.params.X`` in a run config, an override, a study grid) against the
+        type hints (``int``, ``float``, ``bool``, ``str``, ``Literal[...]``, unions and
+        ``Optional`` of these), refuses a name the dataclass does not declare with a
+        did-you-mean, then builds the dataclass; its ``__post_init__`` may check more
+        and raise ``ValueError`` with a message naming the parameter. An estimator
+        without ``parameters`` (or with an empty set) works, with a
+        ``DeprecationWarning``; a set of names is refused.
         """
 
     @hookspec
@@ -141,11 +150,16 @@ class LeafSpecs:
 
     # ------------------------------------------------------------------ estimator stages
     @hookspec(firstresult=True)
-    def select_boundaries(self, batch: RolloutBatch, params: EstimatorParams) -> Boundaries | None:
+    def select_boundaries(self, batch: RolloutBatch, params: Any) -> Boundaries | None:
         """Choose, for every group, the token boundaries at which prefixes are compared.
 
         :param batch: the padded rollout batch (tokens ``[N, T]``, surprisal ``[N, T]``…).
-        :param params: the validated estimator parameters.
+        :param params: the validated parameters: an instance of the ``parameters``
+            dataclass of the estimator that implements this stage. A stage borrowed
+            through ``estimator.stages`` gets an instance of the *borrowed* estimator's
+            dataclass, filled from the same parameters (the names it declares); two
+            involved estimators that declare one name with different types or defaults
+            cannot be combined (``ConfigError``).
         :return: ``Boundaries`` with ``positions [G, B]`` sorted ascending per group,
             ``-1`` where a group has fewer than ``B`` boundaries.
 
@@ -153,12 +167,13 @@ class LeafSpecs:
         """
 
     @hookspec(firstresult=True)
-    def retain_nodes(self, batch: RolloutBatch, boundaries: Boundaries, params: EstimatorParams) -> Nodes | None:
+    def retain_nodes(self, batch: RolloutBatch, boundaries: Boundaries, params: Any) -> Nodes | None:
         """Group responses by exact shared prefixes and keep the groups that become nodes.
 
         :param batch: the padded rollout batch.
         :param boundaries: the output of ``select_boundaries``.
-        :param params: the validated estimator parameters.
+        :param params: an instance of the implementing estimator's ``parameters``
+            dataclass (see ``select_boundaries``).
         :return: ``Nodes``: one row per retained node (group, position, value, size)
             and, per response, the path of nodes it passes through ordered by position.
 
@@ -166,12 +181,13 @@ class LeafSpecs:
         """
 
     @hookspec(firstresult=True)
-    def compute_advantages(self, batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) -> torch.Tensor | None:
+    def compute_advantages(self, batch: RolloutBatch, nodes: Nodes, params: Any) -> torch.Tensor | None:
         """Turn the retained nodes into per-token advantages.
 
         :param batch: the padded rollout batch.
         :param nodes: the output of ``retain_nodes``.
-        :param params: the validated estimator parameters.
+        :param params: an instance of the implementing estimator's ``parameters``
+            dataclass (see ``select_boundaries``).
         :return: float32 ``[N, T]`` advantages, exactly 0 on padding.
 
         Stops at first non-None result.

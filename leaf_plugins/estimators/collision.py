@@ -2,25 +2,31 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.core.hookspecs import hookimpl
-from leaf_plugins.core.params import EstimatorParams
 from leaf_plugins.core.tree import Boundaries
 from leaf_plugins.estimators.machinery.boundary_scan import separation, shortest_lengths
-from leaf_plugins.estimators.leaf import LEAF
+from leaf_plugins.estimators.leaf import LEAF, BudgetParams, NodeParams, SpanCreditParams
 
-__all__ = ["Collision", "collision_boundaries"]
+__all__ = ["Collision", "CollisionParams", "collision_boundaries"]
+
+
+@dataclass(frozen=True)
+class CollisionParams(SpanCreditParams, NodeParams, BudgetParams):
+    """LEAF's parameters without the horizon (its boundaries do not read surprisal)."""
 
 
 class Collision(LEAF):
     """Collision-only matching: boundaries of largest prefix-collision mass, LEAF credit."""
 
-    parameters = frozenset({"fork_budget", "min_group", "terms", "normalize"})
+    parameters = CollisionParams
 
     @hookimpl
-    def select_boundaries(self, batch: RolloutBatch, params: EstimatorParams) -> Boundaries:
+    def select_boundaries(self, batch: RolloutBatch, params: BudgetParams) -> Boundaries:
         return Boundaries(collision_boundaries(shortest_lengths(batch), params.fork_budget))
 
 

@@ -17,7 +17,7 @@ import torch
 from leaf_plugins.core.batch import GroupLayout, RolloutBatch
 from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.core.hookspecs import hookimpl
-from leaf_plugins.core.params import EstimatorParams
+from leaf_plugins.core.parameters import NoParameters
 from leaf_plugins.core.tree import Nodes
 from leaf_plugins.estimators.machinery.group_stats import group_sum, per_response
 from leaf_plugins.estimators.grpo import GRPO
@@ -44,14 +44,14 @@ _HOW_TO_PROVIDE = (
 class OTB:
     """Optimal token baseline (verl): r_i minus the path-variance-weighted mean reward of the group, per token."""
 
-    parameters: frozenset[str] = frozenset()
+    parameters = NoParameters
 
     # no boundaries and root-only nodes: GRPO's stages
     select_boundaries = GRPO.select_boundaries
     retain_nodes = GRPO.retain_nodes
 
     @hookimpl
-    def compute_advantages(self, batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) -> torch.Tensor:
+    def compute_advantages(self, batch: RolloutBatch, nodes: Nodes, params: NoParameters) -> torch.Tensor:
         return optimal_token_advantages(batch)
 
 

@@ -33,16 +33,19 @@ response took.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
 import torch
 
 from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.core.hookspecs import hookimpl
-from leaf_plugins.core.params import EstimatorParams
 from leaf_plugins.core.tree import Nodes
 from leaf_plugins.estimators.machinery.group_stats import group_extreme, group_mean, group_sum, per_response
 from leaf_plugins.estimators.machinery.node_shrinkage import node_shrink
 from leaf_plugins.estimators.machinery.tree_baselines import path_baselines
-from leaf_plugins.estimators.tree_rloo import TreeRLOO, group_scale
+from leaf_plugins.estimators.tree_rloo import TreeRLOO, TreeRLOOParams, group_scale
 from leaf_plugins.estimators.otb import real_tokens, replaced_reward_advantages, stable_token_weights
 from leaf_plugins.estimators.machinery.mixing_weights import cross_fitted_weights, kernel_statistics
 from leaf_plugins.estimators.machinery.prefix_intervals import PathIntervals, path_intervals, shared_prefix_lengths
@@ -50,7 +53,7 @@ from leaf_plugins.estimators.machinery.prefixes import SortedPrefixes
 from leaf_plugins.estimators.machinery.state_sums import state_runs
 from leaf_plugins.estimators.machinery.scratch import scratch
 
-__all__ = ["TreeOTB", "KAPPA_EDGES", "LANES", "value_ratios", "token_slots"]
+__all__ = ["TreeOTB", "TreeOTBParams", "KAPPA_EDGES", "LANES", "value_ratios", "token_slots"]
 
 KAPPA_EDGES = (1e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3)
 """Bin edges on a state's ``1 − Σπ²``: near-deterministic states first, decisions last."""
@@ -70,15 +73,41 @@ _EDGE_BITS = torch.tensor(KAPPA_EDGES, dtype=torch.float32).view(torch.int32).to
 """The float32 edges' bit patterns, as ``token_slots`` compares them."""
 
 
+@dataclass(frozen=True)
+class TreeOTBParams(TreeRLOOParams):
+    """Tree RLOO's parameters (scaled by the batch's std by default) and the variance-aware baseline's."""
+
+    scale: Literal["group_std", "batch_std", "none"] = field(default="batch_std", metadata={
+        "help": "batch_std: divide the advantages by one std pooled over the batch's groups; group_std: by the "
+                "group's reward std (as GRPO); none: not at all"})
+    own_share: bool = field(default=True, metadata={
+        "help": "weigh the response's own return in its baseline by its share of the path-variance weights, "
+                "as verl's OTB (biased, lower variance)"})
+    prefix_mean: bool = field(default=True, metadata={
+        "help": "give each token the mean advantage of the responses that share its prefix through it"})
+    ridge: float = field(default=RIDGE, metadata={
+        "help": "weight every token adds to its score weight in kappa (0: the variance-optimal baseline; "
+                "larger: closer to the state value)"})
+    tree_weight: float | Literal["auto"] = field(default="auto", metadata={
+        "help": "share of the prefix tree's advantage a token keeps over OTB's: auto (learnt per kind of state "
+                "from the other groups) or a number in [0, 1] (1: the tree alone)"})
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.ridge < math.inf):
+            raise ValueError(f"ridge must be a finite number >= 0, got {self.ridge!r}")
+        if self.tree_weight != "auto" and not 0 <= self.tree_weight <= 1:
+            raise ValueError(f"tree_weight must be 'auto' or a number in [0, 1], got {self.tree_weight!r}")
+        super().__post_init__()
+
+
 class TreeOTB(TreeRLOO):
     """Tree OTB: OTB's advantage moved toward the prefix tree's as far as the other groups
     of the batch say it helps, per kind of state."""
 
-    parameters = TreeRLOO.parameters | {"own_share", "prefix_mean", "ridge", "tree_weight"}
-    defaults = {"scale": "batch_std", "prefix_mean": True, "ridge": RIDGE, "tree_weight": "auto"}
+    parameters = TreeOTBParams
 
     @hookimpl
-    def compute_advantages(self, batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) -> torch.Tensor:
+    def compute_advantages(self, batch: RolloutBatch, nodes: Nodes, params: TreeOTBParams) -> torch.Tensor:
         baselines = path_baselines(batch, nodes, node_shrink(batch, nodes, params))  # segment values V̂ [N, D+1]
         learnt = params.tree_weight == "auto"
         with torch.inference_mode():
@@ -114,7 +143,7 @@ class TreeOTB(TreeRLOO):
 
 
 def _otb_advantages(batch: RolloutBatch, rewards: torch.Tensor, weights: torch.Tensor, scale: torch.Tensor,
-                    params: EstimatorParams) -> torch.Tensor:
+                    params: TreeOTBParams) -> torch.Tensor:
     """``[N, T]`` float32 OTB's advantage on the token ``weights [N, T]`` (with its
     own-return share under ``own_share``, the leave-one-out form without) with each
     token's reward replaced by ``rewards [N, T]`` (its prefix class's mean reward),
@@ -202,7 +231,7 @@ def value_ratios(batch: RolloutBatch, weights: torch.Tensor, slot: torch.Tensor,
 
 
 def _advantage_table(batch: RolloutBatch, values: torch.Tensor, intervals: PathIntervals, kappa: torch.Tensor,
-                     lowest: torch.Tensor, scale: torch.Tensor, params: EstimatorParams) -> torch.Tensor:
+                     lowest: torch.Tensor, scale: torch.Tensor, params: TreeOTBParams) -> torch.Tensor:
     """``[N, (E+1) · LANES · kinds]`` float32 advantage before the own share of every
     slot of ``token_slots``: the mean over the interval's prefix class of
     ``((r − f) − κ (V̂ − f)) / c`` (``values [N, D+1]`` V̂ on each path segment,

@@ -2,27 +2,48 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
 import torch
 
 from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.core.hookspecs import hookimpl
-from leaf_plugins.core.params import EstimatorParams
 from leaf_plugins.core.tree import Nodes
 from leaf_plugins.estimators.machinery.group_stats import group_std, per_response, pooled_std, root_values
-from leaf_plugins.estimators.leaf import LEAF
+from leaf_plugins.estimators.grpo import GRPOParams
+from leaf_plugins.estimators.leaf import LEAF, BudgetParams, HorizonParams, NodeParams
 from leaf_plugins.estimators.machinery.node_shrinkage import node_shrink
 from leaf_plugins.estimators.machinery.tree_baselines import path_baselines
 
-__all__ = ["TreeRLOO", "group_scale"]
+__all__ = ["TreeRLOO", "TreeRLOOParams", "group_scale"]
+
+
+@dataclass(frozen=True)
+class TreeRLOOParams(GRPOParams, HorizonParams, NodeParams, BudgetParams):
+    """LEAF's boundaries and nodes, GRPO's std floor and eps, and the node values' shrinkage and scale."""
+
+    shrink: float | Literal["auto"] = field(default=4.0, metadata={
+        "help": "prior weight (in responses) pulling a small node's leave-one-out value toward its parent's, "
+                "or auto: learnt per group from the other groups' nodes"})
+    scale: Literal["group_std", "batch_std", "none"] = field(default="group_std", metadata={
+        "help": "group_std: divide the advantages by the group's reward std (as GRPO); batch_std: by one std "
+                "pooled over the batch's groups; none: not at all"})
+
+    def __post_init__(self) -> None:
+        if self.shrink != "auto" and not (0 <= self.shrink < math.inf):
+            raise ValueError(f"shrink must be a finite number >= 0 or 'auto', got {self.shrink!r}")
+        super().__post_init__()
 
 
 class TreeRLOO(LEAF):
     """Tree RLOO: r_i minus the mean reward of the others that share i's prefix (unbiased)."""
 
-    parameters = frozenset({"fork_budget", "min_group", "horizon", "shrink", "scale", "std_floor", "eps"})
+    parameters = TreeRLOOParams
 
     @hookimpl
-    def compute_advantages(self, batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) -> torch.Tensor:
+    def compute_advantages(self, batch: RolloutBatch, nodes: Nodes, params: TreeRLOOParams) -> torch.Tensor:
         baselines = path_baselines(batch, nodes, node_shrink(batch, nodes, params))
         with torch.inference_mode():
             scale = per_response(group_scale(batch, params), batch.groups).unsqueeze(1)  # [N, 1]
@@ -30,7 +51,7 @@ class TreeRLOO(LEAF):
         return baselines.paint(segments.float(), batch.width)
 
 
-def group_scale(batch: RolloutBatch, params: EstimatorParams) -> torch.Tensor:
+def group_scale(batch: RolloutBatch, params: TreeRLOOParams) -> torch.Tensor:
     """``[G]`` float64 divisor of the advantages: GRPO's ``max(std, std_floor) + eps``
     (sample std of the group's rewards) for ``scale="group_std"``; the same with the
     batch's within-group std pooled over its groups, one divisor for every group, for

@@ -40,7 +40,7 @@ from leaf_plugins.core.config import (build_collecting, format_errors, key_locat
 from leaf_plugins.core.errors import ConfigError, suggest
 from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.evaluation.text_metrics import METRICS
-from leaf_plugins.training.config import TrainConfig, train_validators
+from leaf_plugins.training.config import EstimatorConfig, TrainConfig, train_validators
 from leaf_plugins.training.estimator_switch import announce_dropped, apply_layer, estimator_problems
 from leaf_plugins.training.warm_start import WarmStartConfig, warm_start_validators
 
@@ -207,8 +207,7 @@ def load_study(path: Path, overrides: Iterable[str] = (), host: PluginHost | Non
             runs.append(PlannedRun(label, seed, config, settings))
             sections.append(tree.get("estimator") or {})
     errors += _compare_to_problems(study.compare_to, runs, data, where)
-    if not errors:
-        errors += _estimator_problems(runs, sections, where, host)
+    errors += _estimator_problems(runs, sections, where, host)
     if errors:
         raise ConfigError(format_errors(where, errors))
     announce_dropped(dropped)
@@ -218,15 +217,17 @@ def load_study(path: Path, overrides: Iterable[str] = (), host: PluginHost | Non
 def _estimator_problems(runs: list[PlannedRun], sections: list[Any], where: str, host: PluginHost) -> list[str]:
     """Estimator stages and parameters of each distinct estimator setting, every error at
     the place that gave the culprit (the base, a variation, an override)."""
-    problems, seen = [], set()
+    problems, seen, reported = [], set(), set()
     for run, section in zip(runs, sections):
-        estimator = run.config.estimator
-        key = (estimator.name, repr(sorted(estimator.params.items())), repr(sorted(estimator.stages.items())))
+        key = repr({name: section.get(name) for name in ("name", "params", "stages")} if isinstance(section, dict)
+                   else section)
         if key in seen:
             continue
         seen.add(key)
-        problems += [f"{at}: variation {run.variation!r}: {message}"
-                     for at, message in estimator_problems(section, estimator, where, host)]
+        for at, message in estimator_problems(section, where, host, EstimatorConfig.name):
+            if (at, message) not in reported:  # a mistake in the base: once, with the first variation it spoils
+                reported.add((at, message))
+                problems.append(f"{at}: variation {run.variation!r}: {message}")
     return problems
 
 

@@ -108,8 +108,9 @@ def task_examples(task: TaskConfig, split: str | None = None, host: PluginHost |
 def load_train_config(path: Path, overrides: Iterable[str] = (), host: PluginHost | None = None) -> TrainConfig:
     """A ``TrainConfig`` from a YAML file and ``a.b=value`` overrides; registered names
     (backbone, task, estimator, reward) are checked against the plugin registries, numbers
-    against their ranges, and the estimator's parameters by building its engine, each
-    error named where it was given (``file:line:col`` or the override).
+    against their ranges, and the estimator's parameters against its own parameter
+    dataclass; every error is reported at once, each named where it was given
+    (``file:line:col`` or the override).
 
     An override of ``estimator.name`` switches the estimator: the file's parameters it
     does not read are left out, named in one ``ConfigNotice`` warning
@@ -121,9 +122,8 @@ def load_train_config(path: Path, overrides: Iterable[str] = (), host: PluginHos
     found, dropped = apply_layer(data, settings, where, host)
     config, built = build_collecting(TrainConfig, data, where, train_validators(host))
     errors += found + built
-    if not errors:
-        errors += [f"{at}: {message}" for at, message in estimator_problems(data.get("estimator") or {}, config.estimator,
-                                                                           where, host)]
+    errors += [f"{at}: {message}"
+               for at, message in estimator_problems(data.get("estimator"), where, host, EstimatorConfig.name)]
     if errors:
         raise ConfigError(format_errors(where, errors))
     announce_dropped([dropped] if dropped else [])

@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from leaf_plugins.core.config import Setting, apply_settings, key_location
-from leaf_plugins.core.engine import Engine, accepted_parameters
+from leaf_plugins.core.engine import parameter_schema
 from leaf_plugins.core.errors import ConfigNotice, LeafError, suggest
+from leaf_plugins.core.parameters import parameter_list, parameters_class
 from leaf_plugins.core.plugins import PluginHost
-
-if TYPE_CHECKING:
-    from leaf_plugins.training.config import EstimatorConfig
 
 __all__ = ["DroppedParams", "apply_layer", "estimator_problems", "dropped_notice", "announce_dropped"]
 
@@ -60,7 +58,7 @@ def apply_layer(
         return errors, None
     estimator = _section(data, f"{run}estimator")
     try:
-        accepted = accepted_parameters(estimator["name"], estimator.get("stages") or {}, host)
+        accepted = set(parameter_schema(estimator["name"], estimator.get("stages") or {}, host).names)
     except (LeafError, TypeError, AttributeError):  # an unknown name or bad stages: the config's checks report it
         return errors, None
     readable = _registered_parameters(host)
@@ -90,48 +88,70 @@ def announce_dropped(dropped: Iterable[DroppedParams]) -> None:
         warnings.warn(notice, ConfigNotice, stacklevel=3)
 
 
-def estimator_problems(section: Any, estimator: EstimatorConfig, where: str, host: PluginHost) -> list[tuple[str, str]]:
-    """``(location, message)`` of every problem of a run config's ``estimator`` (its name
-    already checked): the stages, then each parameter at the place that gave it (one the
-    estimator does not read, or a bad value), then all of them together.
+def estimator_problems(section: Any, where: str, host: PluginHost, default_name: str) -> list[tuple[str, str]]:
+    """``(location, message)`` of every problem of a run config's ``estimator`` section
+    (as read and overridden): its stages, then each parameter at the place that gave it
+    (a name the estimator does not declare, a value of the wrong type or one its
+    dataclass refuses), then a combination of them its dataclass refuses.
 
-    :param section: the ``estimator`` mapping as read and overridden (for locations).
+    A name that is not a registered estimator, or ``params`` / ``stages`` that are not
+    mappings, are the run config's own type errors (reported by the caller's build):
+    nothing more is checked then.
+
+    :param default_name: the estimator a section without ``name`` runs.
     """
-    name, params, stages = estimator.name, estimator.params, estimator.stages
+    section = section if isinstance(section, Mapping) else {}
+    name = section.get("name", default_name)
+    params, stages = section.get("params") or {}, section.get("stages") or {}
+    if not isinstance(name, str) or name not in host.estimators or not isinstance(params, Mapping) \
+            or not isinstance(stages, Mapping):
+        return []
     try:
-        Engine(name, {}, stages, host=host)
+        schema = parameter_schema(name, stages, host)
     except LeafError as error:
         return [(key_location(section, "stages", where), f"estimator.stages: {error}")]
-    accepted = accepted_parameters(name, stages, host)
     problems = []
-    for key, value in params.items():
-        at = _param_location(section, key, where)
-        if key not in accepted:
-            problems.append((at, f"estimator.params.{key}: {_not_read(name, key, accepted, host)}"))
-            continue
-        try:
-            Engine(name, {key: value}, stages, host=host)
-        except LeafError as error:
-            problems.append((at, f"estimator.params.{key}: {error}"))
-    if not problems:
-        try:
-            Engine(name, params, stages, host=host)
-        except LeafError as error:
-            problems.append((key_location(section, "params", where), f"estimator.params: {error}"))
+    for problem in schema.problems(dict(params)):
+        key = problem.key
+        if problem.whole:
+            problems.append((key_location(section, "params", where), f"estimator.params: {problem.message}"))
+        elif schema.parameter(key) is None:
+            problems.append((_param_location(section, key, where), f"estimator.params.{key}: "
+                                                                     f"{_not_read(name, key, schema.names, host)}"))
+        else:
+            problems.append((_param_location(section, key, where), f"estimator.params.{key}: {problem.message}"))
     return problems
 
 
-def _not_read(name: str, key: Any, accepted: frozenset[str], host: PluginHost) -> str:
+def _not_read(name: str, key: Any, accepted: Iterable[str], host: PluginHost) -> str:
     """Why ``key`` is not a parameter of estimator ``name``: whose it is, or a did-you-mean."""
-    readers = [entry.name for entry in host.estimators if key in getattr(entry.value, "parameters", ())]
+    accepted = sorted(accepted)
+    declared = _declared_parameters(host)
+    readers = [estimator for estimator, names in declared.items() if key in names]
+    everything = sorted({parameter for names in declared.values() for parameter in names})
     hint = (f" (a parameter of {', '.join(readers)})." if readers
-            else "." + (suggest(str(key), accepted) or suggest(str(key), _registered_parameters(host))))
-    return f"estimator {name!r} has no parameter {key!r}{hint} Its parameters: {', '.join(sorted(accepted)) or '(none)'}"
+            else "." + (suggest(str(key), accepted) or suggest(str(key), everything)))
+    return f"estimator {name!r} has no parameter {key!r}{hint} Its parameters: {', '.join(accepted) or '(none)'}"
 
 
 def _registered_parameters(host: PluginHost) -> frozenset[str]:
-    """Every parameter name some registered estimator reads."""
-    return frozenset(name for entry in host.estimators for name in getattr(entry.value, "parameters", ()))
+    """Every parameter name some registered estimator declares."""
+    return frozenset(name for names in _declared_parameters(host).values() for name in names)
+
+
+def _declared_parameters(host: PluginHost) -> dict[str, frozenset[str]]:
+    """Each registered estimator's parameter names (an estimator whose declaration is
+    broken declares none here: using it reports why)."""
+    declared = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for entry in host.estimators:
+            try:
+                declared[entry.name] = frozenset(p.name for p in parameter_list(parameters_class(entry.name,
+                                                                                                 entry.value)))
+            except LeafError:
+                declared[entry.name] = frozenset()
+    return declared
 
 
 def _section(data: Any, dotted: str) -> Any:

@@ -3,27 +3,28 @@ other responses of its group, broadcast to every token.
 
 This package is a complete third-party plugin: an entry point in the ``leaf_plugins``
 group (see ``pyproject.toml``) naming this module, whose ``register_estimators`` hook
-registers an object implementing the estimator stage hooks.
+registers an object implementing the estimator stage hooks and declaring its
+parameters (here none: ``NoParameters``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from leaf_plugins import Boundaries, EstimatorParams, Nodes, RolloutBatch, hookimpl
+from leaf_plugins import Boundaries, NoParameters, Nodes, RolloutBatch, hookimpl
 
 
 class RLOO:
     """RLOO: r_i minus the mean reward of the other responses of the group."""
 
-    parameters = frozenset()
+    parameters = NoParameters  # no parameter of its own (see examples/leaf-tempered for one with a parameter)
 
     @hookimpl
-    def select_boundaries(self, batch: RolloutBatch, params: EstimatorParams) -> Boundaries:
+    def select_boundaries(self, batch: RolloutBatch, params: NoParameters) -> Boundaries:
         return Boundaries.empty(batch.groups.count, batch.device)
 
     @hookimpl
-    def retain_nodes(self, batch: RolloutBatch, boundaries: Boundaries, params: EstimatorParams) -> Nodes:
+    def retain_nodes(self, batch: RolloutBatch, boundaries: Boundaries, params: NoParameters) -> Nodes:
         layout = batch.groups
         totals = torch.zeros(layout.count, dtype=torch.float64, device=batch.device)
         totals.index_add_(0, layout.index, batch.rewards.double())
@@ -38,7 +39,7 @@ class RLOO:
         )
 
     @hookimpl
-    def compute_advantages(self, batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) -> torch.Tensor:
+    def compute_advantages(self, batch: RolloutBatch, nodes: Nodes, params: NoParameters) -> torch.Tensor:
         layout = batch.groups
         size = layout.sizes[layout.index].double()  # [N]
         total = nodes.root_value.double()[layout.index] * size  # [N]

@@ -22,6 +22,7 @@ import torch
 
 from leaf_plugins.bench.credit.environment import Environment, Regime
 from leaf_plugins.bench.credit.estimators import advantages_of
+from leaf_plugins.bench.estimator_choice import EstimatorChoice
 from leaf_plugins.bench.credit.exact import expected_reward
 from leaf_plugins.bench.credit.measures import group_gradients
 from leaf_plugins.bench.credit.sampling import sample_groups
@@ -34,7 +35,7 @@ ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8
 
 
 def learning_curve(
-    regime: Regime, estimator: str, seed: int, steps: int, groups_per_step: int, learning_rate: float,
+    regime: Regime, estimator: str | EstimatorChoice, seed: int, steps: int, groups_per_step: int, learning_rate: float,
     protocol: str = "normalised",
 ) -> torch.Tensor:
     """``[steps + 1]`` exact expected reward J before and after each step, where a step

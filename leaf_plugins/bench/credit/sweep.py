@@ -16,6 +16,7 @@ from leaf_plugins.bench.credit.measures import (
     Bias, CreditMeasures, Interval, forkability, gradient_bias, interval, measure_credit, student_interval,
 )
 from leaf_plugins.bench.credit.sampling import Groups, sample_groups
+from leaf_plugins.bench.estimator_choice import EstimatorChoice
 
 __all__ = ["Settings", "Row", "regimes", "held_out_regimes", "run_sweep", "paired_cosine_gain", "paired_learning_gain",
            "markdown_table", "write_csv", "BASELINES"]
@@ -157,8 +158,11 @@ class _Samples:
     fired_group_size: float
 
 
-def run_sweep(settings: Settings, chosen: list[Regime] | None = None, estimators: list[str] | None = None) -> list[Row]:
-    """Every estimator in every regime, on the same sampled groups per seed."""
+def run_sweep(settings: Settings, chosen: list[Regime] | None = None,
+              estimators: list[str | EstimatorChoice] | None = None) -> list[Row]:
+    """Every estimator (default: every registered one and the oracle; or ``estimators``:
+    names, or choices with parameters, each a row labelled as the choice) in every
+    regime, on the same sampled groups per seed."""
     names = estimators or estimator_names()
     rows = []
     progress = tqdm(total=len(chosen or regimes()) * len(names), desc="credit benchmark", unit="estimator×regime")
@@ -191,7 +195,7 @@ def _mean(values: list[float]) -> float:
     return sum(finite) / len(finite) if finite else float("nan")
 
 
-def _run_one(regime: Regime, name: str, settings: Settings, samples: _Samples) -> Row:
+def _run_one(regime: Regime, name: str | EstimatorChoice, settings: Settings, samples: _Samples) -> Row:
     measures: list[CreditMeasures] = []
     for env, groups in zip(samples.environments, samples.groups):
         advantages, _ = advantages_of(name, env, groups)
@@ -208,7 +212,7 @@ def _run_one(regime: Regime, name: str, settings: Settings, samples: _Samples) -
     }
     return Row(
         regime=regime.name,
-        estimator=name,
+        estimator=name.label if isinstance(name, EstimatorChoice) else name,
         cosine=_pooled([m.cosine for m in measures]),
         group_cosines=torch.cat([m.group_cosines for m in measures]),
         nmse=sum(m.nmse for m in measures) / len(measures),

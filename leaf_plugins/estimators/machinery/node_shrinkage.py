@@ -18,12 +18,16 @@ weight is used; where ``τ² = 0`` (nodes no more different than noise) ``s = MA
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from leaf_plugins.core.batch import RolloutBatch
-from leaf_plugins.core.params import EstimatorParams
 from leaf_plugins.core.tree import Nodes
 from leaf_plugins.estimators.machinery.group_stats import group_sum, per_response
+
+if TYPE_CHECKING:  # the estimator that declares them imports this module
+    from leaf_plugins.estimators.tree_rloo import TreeRLOOParams
 
 __all__ = ["auto_shrink", "node_shrink", "MAX_SHRINK", "FALLBACK_SHRINK"]
 
@@ -34,7 +38,7 @@ FALLBACK_SHRINK = 4.0
 """``shrink: auto``'s weight where the other groups say nothing (``shrink``'s default)."""
 
 
-def node_shrink(batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) -> float | torch.Tensor:
+def node_shrink(batch: RolloutBatch, nodes: Nodes, params: TreeRLOOParams) -> float | torch.Tensor:
     """The ``shrink`` of ``params``: its number, or ``[N]`` learnt weights for ``"auto"``."""
     if params.shrink == "auto":
         return auto_shrink(batch, nodes, FALLBACK_SHRINK)

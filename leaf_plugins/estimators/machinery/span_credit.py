@@ -9,20 +9,24 @@ and written to the ``[N, T]`` token layout once, at the end.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from leaf_plugins.core.batch import GroupLayout, RolloutBatch
-from leaf_plugins.core.params import EstimatorParams
 from leaf_plugins.core.tree import Nodes
 from leaf_plugins.estimators.machinery.group_stats import group_total, per_response
 from leaf_plugins.estimators.machinery.painting import paint_segments
+
+if TYPE_CHECKING:  # the estimator that declares them imports this module
+    from leaf_plugins.estimators.leaf import SpanCreditParams
 
 __all__ = ["span_advantages", "STD_FLOOR"]
 
 STD_FLOOR = 1e-6
 
 
-def span_advantages(batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) -> torch.Tensor:
+def span_advantages(batch: RolloutBatch, nodes: Nodes, params: SpanCreditParams) -> torch.Tensor:
     """Per-token advantages ``[N, T]`` float32 (0 on padding) from the nodes' paths."""
     values, sizes = _segment_table(batch, nodes, params)  # [N, D+2] each
     # the [N, T] painting runs outside inference mode: its output is an ordinary tensor
@@ -31,7 +35,7 @@ def span_advantages(batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) 
 
 
 @torch.inference_mode()
-def _segment_table(batch: RolloutBatch, nodes: Nodes, params: EstimatorParams) -> tuple[torch.Tensor, torch.Tensor]:
+def _segment_table(batch: RolloutBatch, nodes: Nodes, params: SpanCreditParams) -> tuple[torch.Tensor, torch.Tensor]:
     """Normalised segment values (float32) and sizes ``[N, D+2]`` whose sizes add up to
     ``T`` per row: the segments of the response, then the padding ``[H_i, T)`` as a zero
     segment."""
