@@ -8,7 +8,7 @@ here (a large tensor read once): the weights the step uses (the decoder layers w
 their LoRA adapters, the final norm, the output head; not the audio encoder nor the
 embedding table, of which a step reads N rows) plus the mean KV cache of the standard
 layout (every row holds its prompt's keys and values, padding included, and the tokens
-generated so far: ``L + T/2`` positions on average), as the issue defines it. The static
+generated so far: ``L + T/2`` positions on average). The static
 loop's shared-prefix layout reads less (the prompt's keys and values once per prompt);
 that figure is reported beside it.
 
