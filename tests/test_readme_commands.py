@@ -218,7 +218,7 @@ def test_the_advantages_example_gives_the_values_worked_by_hand():
     assert torch.tensor(shown).tolist() == expected.mul(1e4).round().div(1e4).tolist()  # the printed output
 
 
-def test_the_own_estimator_example_registers_and_gives_rloo_times_its_parameter():
+def test_the_own_estimator_example_registers_and_gives_rloo_times_its_parameter(monkeypatch):
     import types
 
     import leaf_plugins as lp
@@ -226,7 +226,8 @@ def test_the_own_estimator_example_registers_and_gives_rloo_times_its_parameter(
 
     code = python_block((REPO / "README.md").read_text(), "def register_estimators")
     plugin = types.ModuleType("scaled_rloo_example")
-    exec(compile(code, "README.md (Your own estimator)", "exec"), plugin.__dict__)
+    monkeypatch.setitem(sys.modules, plugin.__name__, plugin)  # as an imported module is (dataclasses looks it up)
+    exec(compile(code, "README.md (Your own estimator)", "exec", dont_inherit=True), plugin.__dict__)
     host = PluginHost.discover(extra_plugins=[("scaled-rloo-example", plugin)], strict=True)
     batch = lp.RolloutBatch.from_lists(tokens=[[1, 2, 3], [1, 4], [5], [2, 2], [3]],
                                        rewards=[1.0, 0.0, 0.5, 2.0, 4.0], group_ids=[0, 0, 0, 1, 1])
