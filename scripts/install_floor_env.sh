@@ -13,6 +13,8 @@ TORCH_SPEC="${LEAF_TORCH_SPEC:-torch==2.13.0}"
 STAMP="$ENV_DIR/.floor-stamp"
 WANT="$(cat constraints/floor.txt; echo "$TORCH_SPEC")"
 if [ -x "$PY" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && "$PY" -c "import leaf_plugins" >/dev/null 2>&1; then
+  # this package again, without its dependencies: its entry points may have changed since the build
+  "$PY" -m pip --disable-pip-version-check -q install --root-user-action=ignore --no-deps -e .
   echo "floor environment ready: $ENV_DIR"
   exit 0
 fi

@@ -17,6 +17,8 @@ PYTHON="${PYTHON:-python}"
 ENV_DIR="${LEAF_VERL_ENV:-.venv-verl}"
 PY="$ENV_DIR/bin/python"
 if [ -x "$PY" ] && "$PY" -c "import verl, leaf_plugins.integrations.verl" >/dev/null 2>&1; then
+  # this package again, without its dependencies: its entry points may have changed since the build
+  "$PY" -m pip --disable-pip-version-check -q install --root-user-action=ignore --no-deps -e .
   echo "verl environment ready: $ENV_DIR"
   exit 0
 fi

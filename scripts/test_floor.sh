@@ -15,6 +15,8 @@ FLOOR_TESTS=(
   tests/test_rollout.py
   tests/test_rollout_shared_audio.py
   tests/test_rollout_static.py
+  tests/test_rollout_capture.py
+  tests/test_rollout_fold.py
   tests/test_selected_logprobs.py
   tests/test_teacher_forcing.py  # the cache keyword: past_key_values (5.15) or cache (5.2x)
   # training: LoRA (peft), accelerate, activation checkpointing, checkpoints and resume
@@ -32,6 +34,8 @@ FLOOR_TESTS=(
   tests/test_tasks_sources.py
   tests/test_config_yaml.py
   tests/test_core_plugins.py
+  tests/test_core_parameters.py
+  tests/test_plugins_stages.py
   tests/test_evaluation_text_metrics.py
   tests/test_forkability_log.py
 )
