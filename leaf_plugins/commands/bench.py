@@ -43,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     credit.add_argument("--regimes", nargs="+", metavar="NAME", help="run only these regimes")
     credit.add_argument("--held-out", action="store_true",
                         help="run the held-out regimes (settings tree_otb's rule was not chosen on) instead")
+    credit.add_argument("--report-set", action="store_true",
+                        help="only the report set (regimes never used to choose a rule): tree_otb's paired "
+                             "gradient-cosine difference to otb and grpo per regime, written to report-set.md")
     credit.add_argument("--learning-rate", type=float, metavar="LR",
                         help="the normalised protocol's shared learning rate (default 0.25)")
     credit.add_argument("--direction-step", type=float, metavar="LENGTH",
@@ -144,6 +147,14 @@ def run_credit(args: argparse.Namespace) -> int:
     for name in args.regimes or []:
         if name not in known:
             raise ConfigError(f"unknown regime {name!r}.{suggest(name, known)} Regimes: {', '.join(known)}")
+    if args.report_set:
+        from leaf_plugins.bench.credit.split import paired_report, report_regimes, report_table
+
+        table = report_table(paired_report(report_regimes(), seeds=settings.seeds, groups=settings.groups))
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "report-set.md").write_text(table)
+        print("\n" + table + f"\nwritten: {args.out}/report-set.md")
+        return 0
     chosen = [known[name] for name in args.regimes] if args.regimes else held_out_regimes() if args.held_out else None
     rows = run_sweep(settings, chosen)
     args.out.mkdir(parents=True, exist_ok=True)
