@@ -137,7 +137,7 @@ def _learnt_weights(batch: RolloutBatch, prefixes: SortedPrefixes | None,
     if prefixes is None or shared is None:
         return torch.zeros_like(base)
     layout = batch.groups
-    kinds = torch.remainder(slot, KINDS)  # [N, T] int64 bin of 1 − Σπ²
+    kinds = slot.bitwise_and(KINDS - 1) if KINDS & (KINDS - 1) == 0 else slot.remainder(KINDS)  # [N, T] bin of 1 − Σπ²
     chosen = torch.expm1(batch.logprobs).neg_().mul_(real)  # [N, T] 1 − π of the sampled token
     statistics = kernel_statistics(batch, prefixes, shared[0], shared[1], base, move, chosen, spread, kinds, KINDS)
     rewards = batch.rewards.double()

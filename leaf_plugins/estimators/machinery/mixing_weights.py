@@ -78,7 +78,8 @@ def kernel_statistics(batch: RolloutBatch, prefixes: SortedPrefixes, shared: tor
     (``w = 2u − v``, the same for the whole class: same state, same action). The class
     part: in the lexicographic order a class at ``t`` is a run of slots, sorted slot
     ``k + 1`` joining slot ``k``'s run iff the two share more than ``t`` tokens; its sums
-    are a forward and a backward scan over the ``K`` slots, each step a whole ``[G, T]``
+    are a forward scan over the ``K`` slots (the sum of the run so far) and a backward one
+    (a slot in the next slot's run takes that run's sum), each step a whole ``[G, T]``
     slice (no loop over groups). The rest of the state: partner ``l`` is in ``j``'s state
     but not its class exactly at the position where the two part, so that part is one
     term per pair of responses, ``[N, K]``.
@@ -93,19 +94,27 @@ def kernel_statistics(batch: RolloutBatch, prefixes: SortedPrefixes, shared: tor
     filled = (order >= 0).to(base.dtype).view(1, groups, slots, 1)  # [1, G, K, 1]
     order = order.clamp(min=0)
     weight = (2 * u - v).clamp_(min=0)  # [N, T] w = 2(1 − π) − (1 − Σπ²), as stable_token_weights
-    pairs = torch.stack([base, move]).index_select(1, order).view(2, groups, slots, width).mul_(filled)  # e, d
+    pairs = base.new_empty(2, groups * slots, width)  # [2, G·K, T] e, d in the sorted layout
+    torch.index_select(base, 0, order, out=pairs[0])
+    torch.index_select(move, 0, order, out=pairs[1])
+    pairs = pairs.view(2, groups, slots, width).mul_(filled)  # zero rows for empty slots
     weight = weight.index_select(0, order).view(groups, slots, width)  # [G, K, T]
     positions = torch.arange(width, device=base.device)
     joins = (prefixes.gap_matrix.unsqueeze(2) > positions).to(base.dtype)  # [G, K-1, T]: slot k+1 in k's class
-    forward, backward = pairs.clone(), pairs.clone()  # [2, G, K, T] running sums over the run so far
+    same_action = pairs.clone()  # [2, G, K, T]: sums over the slots of the run so far, then over the whole run
     for slot in range(1, slots):
-        forward[:, :, slot].addcmul_(forward[:, :, slot - 1], joins[:, slot - 1])
-        backward[:, :, slots - 1 - slot].addcmul_(backward[:, :, slots - slot], joins[:, slots - 1 - slot])
-    same_action = forward.add_(backward).sub_(pairs).mul_(weight)  # [2, G, K, T]: w Σ over the token's class
+        same_action[:, :, slot].addcmul_(same_action[:, :, slot - 1], joins[:, slot - 1])
+    for slot in range(slots - 2, -1, -1):  # a slot in the next one's run takes that run's sum
+        same_action[:, :, slot].lerp_(same_action[:, :, slot + 1], joins[:, slot])
+    same_action.mul_(weight)  # [2, G, K, T]: w Σ over the token's class
     e, d = pairs.unbind(0)
     class_e, class_d = same_action.unbind(0)
     sorted_kinds = kinds.index_select(0, order).view(1, groups * slots, width)  # an empty slot's terms are 0
-    products = torch.stack([d * class_e, d * class_d, e * class_e]).view(3, groups * slots, width)  # [3, G·K, T]
+    products = base.new_empty(3, groups, slots, width)  # [3, G, K, T]
+    torch.mul(d, class_e, out=products[0])
+    torch.mul(d, class_d, out=products[1])
+    torch.mul(e, class_e, out=products[2])
+    products = products.view(3, groups * slots, width)
     statistics = torch.zeros(3, groups * slots, count, dtype=base.dtype, device=base.device)
     statistics.scatter_add_(2, sorted_kinds.expand(3, -1, -1), products)
     per_group = statistics.double().view(3, groups, slots, count).sum(dim=2)  # [3, G, count]
