@@ -40,3 +40,27 @@ def test_paired_report_differences_are_the_cosines_differences():
     assert rows[0].minus["tree_otb"].mean == 0.0  # an estimator against itself
     table = split.report_table(rows)
     assert "| tiny | graded |" in table and "vs `otb`" in table
+
+
+def test_report_set_command_with_regimes_batch_groups_and_parameters(tmp_path, capsys, monkeypatch):
+    """The options reach the paired report: the chosen regimes at the given batch size,
+    tree_otb's parameters over its defaults; the table is written."""
+    from leaf_plugins.cli import main
+
+    seen = []
+    original = split.paired_report
+
+    def recorded(chosen, **kwargs):
+        seen.append(([regime.batch_groups for regime in chosen], kwargs["params"]))
+        return original(chosen, **kwargs)
+
+    monkeypatch.setattr(split, "paired_report", recorded)
+    arguments = ["bench", "credit", "--report-set", "--quick", "--regimes", "base", "--batch-groups", "2",
+                 "--tree-otb", "tree_weight=1", "--out", str(tmp_path)]
+    assert main(arguments) == 0
+    assert seen == [([2], {"tree_weight": 1})]
+    assert "| base | graded |" in (tmp_path / "report-set.md").read_text()
+    assert main(["bench", "credit", "--report-set", "--tree-otb", "tree_weight"]) == 2
+    assert "--tree-otb: override 'tree_weight': expected key.path=value" in capsys.readouterr().err
+    assert main(["bench", "credit", "--report-set", "--batch-groups", "0"]) == 2
+    assert "--batch-groups must be at least 1, got 0" in capsys.readouterr().err

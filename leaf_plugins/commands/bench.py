@@ -45,7 +45,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run the held-out regimes (settings tree_otb's rule was not chosen on) instead")
     credit.add_argument("--report-set", action="store_true",
                         help="only the report set (regimes never used to choose a rule): tree_otb's paired "
-                             "gradient-cosine difference to otb and grpo per regime, written to report-set.md")
+                             "gradient-cosine difference to otb and grpo per regime, written to report-set.md "
+                             "(with --regimes: those regimes of any set instead)")
+    credit.add_argument("--batch-groups", type=int, metavar="N",
+                        help="with --report-set: call the estimators on batches of N groups in every regime")
+    credit.add_argument("--tree-otb", nargs="+", default=[], metavar="PARAM=VALUE",
+                        help="with --report-set: tree_otb's parameters over its defaults (e.g. tree_weight=1)")
     credit.add_argument("--learning-rate", type=float, metavar="LR",
                         help="the normalised protocol's shared learning rate (default 0.25)")
     credit.add_argument("--direction-step", type=float, metavar="LENGTH",
@@ -144,13 +149,27 @@ def run_credit(args: argparse.Namespace) -> int:
                 raise ConfigError(f"--{name.replace('_', '-')} must be a positive finite number, got {value}")
             settings = replace(settings, **{name: value})
     known = {regime.name: regime for regime in regimes() + held_out_regimes()}
-    for name in args.regimes or []:
+    for name in [] if args.report_set else args.regimes or []:
         if name not in known:
             raise ConfigError(f"unknown regime {name!r}.{suggest(name, known)} Regimes: {', '.join(known)}")
     if args.report_set:
         from leaf_plugins.bench.credit.split import paired_report, report_regimes, report_table
+        from leaf_plugins.core.config import parse_overrides
 
-        table = report_table(paired_report(report_regimes(), seeds=settings.seeds, groups=settings.groups))
+        every = {regime.name: regime for regime in regimes() + held_out_regimes() + report_regimes()}
+        for name in args.regimes or []:
+            if name not in every:
+                raise ConfigError(f"unknown regime {name!r}.{suggest(name, every)} Regimes: {', '.join(every)}")
+        chosen = [every[name] for name in args.regimes] if args.regimes else report_regimes()
+        if args.batch_groups is not None:
+            if args.batch_groups < 1:
+                raise ConfigError(f"--batch-groups must be at least 1, got {args.batch_groups}")
+            chosen = [replace(regime, batch_groups=args.batch_groups) for regime in chosen]
+        settings_given, errors = parse_overrides(args.tree_otb)
+        if errors:
+            raise ConfigError("--tree-otb: " + "; ".join(errors))
+        params = {key: value for key, value, _ in settings_given}
+        table = report_table(paired_report(chosen, seeds=settings.seeds, groups=settings.groups, params=params))
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "report-set.md").write_text(table)
         print("\n" + table + f"\nwritten: {args.out}/report-set.md")

@@ -24,19 +24,21 @@ def estimator_names() -> list[str]:
 
 
 @lru_cache(maxsize=64)
-def _engine(name: str, fork_budget: int) -> Engine:
+def _engine(name: str, fork_budget: int, overrides: tuple[tuple[str, object], ...] = ()) -> Engine:
     accepted = getattr(get_host().estimators.get(name), "parameters", ())
     params = {"fork_budget": fork_budget} if "fork_budget" in accepted else {}
-    return Engine(name, params)
+    return Engine(name, {**params, **dict(overrides)})
 
 
-def advantages_of(name: str, env: Environment, groups: Groups) -> tuple[torch.Tensor, list[EstimateResult]]:
+def advantages_of(name: str, env: Environment, groups: Groups,
+                  params: dict[str, object] | None = None) -> tuple[torch.Tensor, list[EstimateResult]]:
     """``[N, H]`` advantages of estimator ``name`` (its default parameters, with the
-    regime's fork budget where it has one), called on batches of the regime's
-    ``batch_groups`` groups, and the estimate results (none for the oracle)."""
+    regime's fork budget where it has one, and ``params`` over them), called on batches
+    of the regime's ``batch_groups`` groups, and the estimate results (none for the
+    oracle)."""
     if name == ORACLE:
         return true_advantages(env, groups.tokens, groups.lengths).float(), []
-    engine = _engine(name, env.regime.fork_budget)
+    engine = _engine(name, env.regime.fork_budget, tuple(sorted((params or {}).items())))
     per_call = env.regime.batch_groups * env.regime.group_size
     results = [engine.estimate(groups.batch.select(torch.arange(start, min(start + per_call, groups.batch.size))))
                for start in range(0, groups.batch.size, per_call)]  # the batches of a benchmark run

@@ -92,10 +92,11 @@ class PairedRow:
 
 
 def paired_report(chosen: list[Regime], estimator: str = "tree_otb", baselines: tuple[str, ...] = ("otb", "grpo"),
-                  seeds: int = 3, groups: int = 200) -> list[PairedRow]:
-    """Per regime, ``estimator``'s per-group gradient cosine and its paired difference to
-    each baseline on the very same groups (``seeds`` environments × ``groups`` groups;
-    a group where either gradient is 0 is left out of that pair)."""
+                  seeds: int = 3, groups: int = 200, params: dict[str, object] | None = None) -> list[PairedRow]:
+    """Per regime, ``estimator``'s per-group gradient cosine (with ``params`` over its
+    defaults) and its paired difference to each baseline (defaults) on the very same
+    groups (``seeds`` environments × ``groups`` groups; a group where either gradient is
+    0 is left out of that pair)."""
     rows = []
     for regime in chosen:
         cosines: dict[str, list[torch.Tensor]] = {name: [] for name in (estimator, *baselines)}
@@ -103,7 +104,8 @@ def paired_report(chosen: list[Regime], estimator: str = "tree_otb", baselines: 
             env = Environment.build(regime, seed)
             sampled = sample_groups(env, groups, torch.Generator().manual_seed(seed))
             for name in cosines:
-                cosines[name].append(measure_credit(env, sampled, advantages_of(name, env, sampled)[0]).group_cosines)
+                advantages = advantages_of(name, env, sampled, params if name == estimator else None)[0]
+                cosines[name].append(measure_credit(env, sampled, advantages).group_cosines)
         own = torch.cat(cosines[estimator])
         minus = {name: interval(own - torch.cat(cosines[name])) for name in baselines}
         rows.append(PairedRow(regime.name, estimator, graded(regime), interval(own), minus))

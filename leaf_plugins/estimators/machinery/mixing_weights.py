@@ -97,7 +97,9 @@ def kernel_statistics(batch: RolloutBatch, prefixes: SortedPrefixes, shared: tor
     pairs = base.new_empty(2, groups * slots, width)  # [2, G·K, T] e, d in the sorted layout
     torch.index_select(base, 0, order, out=pairs[0])
     torch.index_select(move, 0, order, out=pairs[1])
-    pairs = pairs.view(2, groups, slots, width).mul_(filled)  # zero rows for empty slots
+    pairs = pairs.view(2, groups, slots, width)
+    if not batch.groups.uniform_size:  # zero rows for empty slots
+        pairs.mul_(filled)
     weight = weight.index_select(0, order).view(groups, slots, width)  # [G, K, T]
     positions = torch.arange(width, device=base.device)
     joins = (prefixes.gap_matrix.unsqueeze(2) > positions).to(base.dtype)  # [G, K-1, T]: slot k+1 in k's class
