@@ -64,3 +64,12 @@ def test_report_set_command_with_regimes_batch_groups_and_parameters(tmp_path, c
     assert "--tree-otb: override 'tree_weight': expected key.path=value" in capsys.readouterr().err
     assert main(["bench", "credit", "--report-set", "--batch-groups", "0"]) == 2
     assert "--batch-groups must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_significance_needs_the_interval_to_clear_zero_beyond_rounding():
+    from leaf_plugins.bench.credit.measures import Interval
+
+    assert split.significant(Interval(0.0013, 0.0004, 10)) == 1
+    assert split.significant(Interval(-0.0013, 0.0004, 10)) == -1
+    assert split.significant(Interval(1e-8, 1e-9, 10)) == 0  # agreement to float rounding
+    assert split.significant(Interval(0.0005, 0.0010, 10)) == 0

@@ -112,14 +112,26 @@ def paired_report(chosen: list[Regime], estimator: str = "tree_otb", baselines: 
     return rows
 
 
+ROUNDING = 5e-5
+"""Half the last printed digit: a difference whose interval clears 0 by less is printed
+as 0 and is not called significant (two estimators that agree to float rounding)."""
+
+
+def significant(value: Interval) -> int:
+    """1 if the 95% interval lies above 0 (by more than ``ROUNDING``), −1 if below, else 0."""
+    if value.mean - value.half_width > ROUNDING:
+        return 1
+    return -1 if value.mean + value.half_width < -ROUNDING else 0
+
+
 def _cell(value: Interval) -> str:
     text = f"{value.mean:+.4f} ± {value.half_width:.4f}"
-    return f"**{text}**" if abs(value.mean) > value.half_width else text
+    return f"**{text}**" if significant(value) else text
 
 
 def report_table(rows: list[PairedRow]) -> str:
     """A markdown table of ``paired_report`` rows and a one-line summary per baseline
-    (bold: the 95% CI excludes 0)."""
+    (bold: the 95% CI excludes 0, by more than the printed rounding)."""
     baselines = list(rows[0].minus) if rows else []
     lines = ["| regime | reward | " + rows[0].estimator + " cosine | " if rows else "| regime |"]
     lines[0] += " | ".join(f"− {name}, paired" for name in baselines) + " |"
@@ -130,11 +142,11 @@ def report_table(rows: list[PairedRow]) -> str:
     lines.append("")
     for name in baselines:
         differences = [row.minus[name] for row in rows]
-        better = sum(d.mean > d.half_width for d in differences)
-        worse = sum(-d.mean > d.half_width for d in differences)
-        clearly_worse = sum(-d.mean > d.half_width and -d.mean > 0.003 for d in differences)
+        better = sum(significant(d) > 0 for d in differences)
+        worse = sum(significant(d) < 0 for d in differences)
+        clearly_worse = sum(significant(d) < 0 and -d.mean > 0.003 for d in differences)
         graded_rows = [row.minus[name] for row in rows if row.graded]
-        graded_better = sum(d.mean > d.half_width for d in graded_rows)
+        graded_better = sum(significant(d) > 0 for d in graded_rows)
         graded_mean = sum(d.mean for d in graded_rows) / len(graded_rows) if graded_rows else float("nan")
         lines.append(f"* vs `{name}`: significantly better in {better} of {len(rows)}, significantly worse in "
                      f"{worse} ({clearly_worse} of them by more than 0.003); graded: better in {graded_better} of "
