@@ -91,9 +91,11 @@ def kernel_statistics(batch: RolloutBatch, prefixes: SortedPrefixes, shared: tor
     ``T · 2⁻²⁴`` of the sum of the terms' sizes); the sums over responses and groups,
     float64."""
     rows, width = base.shape
-    groups, slots = prefixes.groups, prefixes.max_size
+    groups, slots = prefixes.groups, shared.shape[1]  # K from a shape: no host synchronisation
     # ---- the class part, in the sorted layout [G, K, T]
-    order = prefixes.per_group(prefixes.order, -1).view(-1)  # [G·K] batch row of each sorted slot (-1: empty)
+    order = torch.full((groups, slots), -1, dtype=torch.int64, device=base.device)
+    order.index_put_((prefixes.group, prefixes.slot), prefixes.order)
+    order = order.view(-1)  # [G·K] batch row of each sorted slot (-1: empty)
     filled = (order >= 0).to(base.dtype).view(1, groups, slots, 1)  # [1, G, K, 1]
     order = order.clamp(min=0)
     weight = (2 * u - v).clamp_(min=0)  # [N, T] w = 2(1 − π) − (1 − Σπ²), as stable_token_weights
