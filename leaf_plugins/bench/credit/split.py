@@ -10,8 +10,8 @@ that the next change is judged the same way (``leaf bench credit --report-set``)
 The report set covers fixed length (the additive reward: the benchmark's exact-match and
 BLEU-like rewards need an end token) and variable length, graded (additive or BLEU-like)
 and exact-match rewards, shared parameters across states (``features``, LoRA-like),
-vocabularies from 5 to 16 words, 2 to 4 plausible variants at a decision, group sizes
-K = 4, 8 and 16, and estimator calls on batches of 2, 4 and 8 groups (a training step's
+vocabularies from 3 to 16 words, 2 to 4 plausible variants at a BLEU-like or exact-match
+decision, group sizes K = 4, 8 and 16, and estimator calls on batches of 2, 4 and 8 groups (a training step's
 prompts: an estimator that learns from the other groups of its batch sees only that
 many).
 """
