@@ -57,6 +57,31 @@ def random_groups(seed: int, max_groups: int = 4, max_k: int = 7, max_len: int =
     return groups
 
 
+def groups_with_short_twins(seed: int, max_groups: int = 4, max_k: int = 8, max_len: int = 12) -> list[list[Response]]:
+    """Groups with identical short responses (copies of one short sequence, equal or
+    different rewards) beside long ones sharing a trunk: under ``horizon: each`` the short
+    copies sit in nodes at boundaries past their end."""
+    rng = random.Random(seed)
+    groups = []
+    for _ in range(rng.randint(1, max_groups)):
+        trunk = [rng.randrange(3) for _ in range(max_len)]
+        group = []
+        for _ in range(rng.randint(1, 3)):  # kinds of short response, each copied 1-3 times
+            short = trunk[: rng.randint(0, 2)] + [rng.randrange(3) for _ in range(rng.randint(1, 3))]
+            for _ in range(rng.randint(1, 3)):
+                reward = rng.choice([0.0, 1.0, round(rng.random(), 3)])
+                group.append(Response(list(short), reward, [rng.choice([0.1, 2.0, rng.random() * 3]) for _ in short]))
+        for _ in range(rng.randint(1, max(1, max_k - len(group)))):
+            length = rng.randint(max_len // 2, max_len)
+            cut = rng.randint(0, length)
+            tokens = trunk[:cut] + [rng.randrange(3) for _ in range(length - cut)]
+            surprisal = [rng.choice([0.1, 0.7, 2.0, rng.random() * 3]) for _ in tokens]
+            group.append(Response(tokens, rng.choice([0.0, 0.5, 1.0, round(rng.random(), 3)]), surprisal))
+        rng.shuffle(group)
+        groups.append(group)
+    return groups
+
+
 group_seeds = st.integers(min_value=0, max_value=2**31 - 1)
 
 

@@ -156,17 +156,19 @@ def span_credit(
         tail_ga, tail_la = r.reward - v0, r.reward - previous_value
         tail = {"both": tail_ga + tail_la, "global": tail_ga, "local": tail_la}[terms]
         spans.append((previous_position, len(r.tokens), tail))
-        per_response_spans.append([(s, min(e, len(r.tokens)), v) for s, e, v in spans])
+        per_response_spans.append(spans)
     raw = []
     for r, spans in zip(group, per_response_spans):
         row = [0.0] * len(r.tokens)
         for start, end, value in spans:
-            for t in range(start, end):
+            for t in range(start, min(end, len(r.tokens))):  # a span past the end holds no token
                 row[t] = value
         raw.append(row)
     if normalize == "none":
         return raw
     if normalize == "span":
+        # every span on the path with p(v_j) > p(v_{j-1}), also one past a short
+        # response's end; the tail when p(v_q) < H_i
         entries = [v for spans in per_response_spans for s, e, v in spans if s < e]
     elif normalize == "token":
         entries = [v for row in raw for v in row]

@@ -64,6 +64,39 @@ def test_leaf_span_normalisation_by_hand():
     assert torch.allclose(result.advantages, (raw - mean) / std, atol=1e-5)
 
 
+def test_leaf_each_horizon_counts_spans_past_a_short_responses_end_by_hand():
+    """Spec, LEAF step 4 (the authors' rule): two identical short responses sit in nodes
+    at p = 3 and p = 6, both past their end (H = 2), keyed by their whole sequence; the
+    span [3, 6) holds none of their tokens but is still an entry of the z-score."""
+    tokens = [[1, 2], [1, 2], [1, 3, 4, 5, 6, 7, 8, 9], [1, 3, 4, 5, 11, 12, 13, 14]]
+    surprisal = [[0.1] * len(t) for t in tokens]
+    surprisal[2][3], surprisal[3][6] = 5.0, 4.0  # horizon each: candidates up to each H_i - 1
+    batch = lp.RolloutBatch.from_lists(tokens, [1.0, 0.6, 0.0, 0.2], [0] * 4, surprisal=surprisal)
+    raw = lp.estimate(batch, "leaf", horizon="each", normalize="none")
+    assert raw.boundaries == [[3, 6]]  # lmin = 2, B = 2: Δ = 2
+    nodes = [(n.position, n.members, round(n.value, 6)) for n in raw.nodes[0]]
+    assert nodes == [(3, (0, 1), 0.8), (3, (2, 3), 0.1), (6, (0, 1), 0.8)]
+    v0 = 0.45
+    first_short = 2 * (0.8 - v0) / math.sqrt(2)  # [0, 3): GA + LA over sqrt(2)
+    past_end = (0.8 - v0) / math.sqrt(2)  # [3, 6): GA only, LA = 0; no token of y1, y2
+    first_long = 2 * (0.1 - v0) / math.sqrt(2)  # [0, 3) of y3, y4
+    tail3, tail4 = (0.0 - v0) + (0.0 - 0.1), (0.2 - v0) + (0.2 - 0.1)  # [3, 8)
+    expected_raw = [[first_short] * 2, [first_short] * 2, [first_long] * 3 + [tail3] * 5, [first_long] * 3 + [tail4] * 5]
+    for row, want in zip(raw.advantages.tolist(), expected_raw):
+        assert row[: len(want)] == pytest.approx(want, abs=1e-6)  # float32 output of float64 values
+    # entries: two spans of each short response (no tail: p(v_q) = 6 >= H = 2), two of each long one
+    entries = [first_short, past_end, first_short, past_end, first_long, tail3, first_long, tail4]
+    mean = sum(entries) / len(entries)
+    std = math.sqrt(sum((e - mean) ** 2 for e in entries) / (len(entries) - 1))
+    result = lp.estimate(batch, "leaf", horizon="each", normalize="span")
+    for row, want in zip(result.advantages.tolist(), expected_raw):
+        assert row[: len(want)] == pytest.approx([(w - mean) / std for w in want], abs=1e-5)  # float32, |z| < 3
+    # counting only spans that hold tokens (dropping both `past_end`) gives other values
+    held = [e for e in entries if e != past_end]
+    held_mean = sum(held) / len(held)
+    assert abs((first_short - held_mean) - (first_short - mean)) > 0.05
+
+
 def test_full_tree_examples_from_the_spec():
     batch = lp.RolloutBatch.from_lists([[5, 7, 1, 2], [5, 7, 1, 3], [5, 8, 4], [6, 9]], [1, 0, 1, 0], [0] * 4)
     result = lp.estimate(batch, "full_tree", normalize="none")

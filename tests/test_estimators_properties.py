@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import leaf_plugins as lp
 from estimator_cases import (PARAMETER_GRID, assert_matches_reference, collide_hashes_and_count_exact_sorts, group_seeds,
-                             random_groups, refuse_exact_sort, to_batch)
+                             groups_with_short_twins, random_groups, refuse_exact_sort, to_batch)
 from reference_estimators import Response
 
 ESTIMATORS = ["grpo", "leaf", "collision", "full_tree"]
@@ -40,6 +40,30 @@ def test_matches_the_reference_on_uniform_groups(estimator, seed, choice):
     assert to_batch(groups)[0].groups.uniform_size == size
     params = PARAMETER_GRID[estimator][choice % len(PARAMETER_GRID[estimator])]
     assert_matches_reference(groups, estimator, params)
+
+
+@FAST
+@given(seed=group_seeds, budget=st.sampled_from([1, 2, 3, 4]), min_group=st.sampled_from([2, 3]),
+       terms=st.sampled_from(["both", "global", "local"]), shuffle=st.booleans())
+def test_leaf_each_horizon_span_normalisation_matches_the_reference_with_short_twins(seed, budget, min_group, terms,
+                                                                                     shuffle):
+    """The authors' rule (spec, LEAF step 4): spans wholly past a short response's end,
+    between two nodes that hold its identical copies, are entries of the z-score."""
+    params = {"fork_budget": budget, "min_group": min_group, "horizon": "each", "terms": terms, "normalize": "span"}
+    assert_matches_reference(groups_with_short_twins(seed), "leaf", params, shuffle_seed=seed if shuffle else None)
+
+
+def test_short_twins_do_reach_nodes_past_their_end():
+    """The generator above really exercises the rule: over its first seeds, many groups
+    have a node past the end of one of its members."""
+    past_end = 0
+    for seed in range(60):
+        groups = groups_with_short_twins(seed)
+        batch, _ = to_batch(groups)
+        result = lp.estimate(batch, "leaf", fork_budget=4, horizon="each")
+        for nodes in result.nodes:
+            past_end += any(n.position > min(batch.lengths[m].item() for m in n.members) for n in nodes)
+    assert past_end >= 10
 
 
 @pytest.mark.parametrize("estimator", ESTIMATORS)

@@ -20,7 +20,6 @@ from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.estimators.machinery.mixing_weights import cross_fitted_weights, kernel_statistics
 from leaf_plugins.estimators.machinery.prefix_intervals import shared_prefix_lengths
 from leaf_plugins.estimators.machinery.prefixes import SortedPrefixes
-from leaf_plugins.estimators.machinery.state_sums import state_runs
 from reference_estimators import boundary_nodes, collision_boundaries, trie_nodes
 
 
@@ -504,12 +503,12 @@ def test_kernel_statistics_by_hand():
                                        logprobs=[[math.log(0.5)] * 2, [math.log(0.5)] * 2, [math.log(0.3)]],
                                        sum_pi_squared=[[0.38, 0.5], [0.38, 0.5], [0.38]])
     prefixes = SortedPrefixes.lexicographic(batch)
-    runs = state_runs(batch, prefixes, shared_prefix_lengths(batch, prefixes)[0])
+    shared, partners = shared_prefix_lengths(batch, prefixes)
     base = torch.tensor([[1.0, 1.0], [2.0, 1.0], [3.0, 0.0]])
     move = torch.tensor([[1.0, 2.0], [0.0, 0.0], [-1.0, 0.0]])
     u = -torch.expm1(batch.logprobs) * batch.mask  # 1 − π, as tree_otb computes it
     v = (1 - batch.sum_pi_squared) * batch.mask
-    statistics = kernel_statistics(runs, base, move, u, v, torch.full((3, 2), 7), 8)
+    statistics = kernel_statistics(batch, prefixes, shared, partners, base, move, u, v, torch.full((3, 2), 7), 8)
     # float32 products and sums of about ten terms of size <= 10: a few ulps of 10
     assert statistics[0, 7].tolist() == pytest.approx([-1.2, 4.0, 2.88], abs=1e-5)
     assert bool((statistics[0, :7] == 0).all())

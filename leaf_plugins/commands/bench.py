@@ -51,6 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     credit.add_argument("--regimes", nargs="+", metavar="NAME", help="run only these regimes")
     credit.add_argument("--held-out", action="store_true",
                         help="run the held-out regimes (settings tree_otb's rule was not chosen on) instead")
+    credit.add_argument("--report-set", action="store_true",
+                        help="only the report set (regimes never used to choose a rule): tree_otb's paired "
+                             "gradient-cosine difference to otb and grpo per regime, written to report-set.md "
+                             "(with --regimes: those regimes of any set instead)")
+    credit.add_argument("--batch-groups", type=int, metavar="N",
+                        help="with --report-set: call the estimators on batches of N groups in every regime")
     credit.add_argument("--learning-rate", type=float, metavar="LR",
                         help="the normalised protocol's shared learning rate (default 0.25)")
     credit.add_argument("--direction-step", type=float, metavar="LENGTH",
@@ -142,7 +148,7 @@ def run_credit(args: argparse.Namespace) -> int:
 
     from leaf_plugins.bench.credit.estimators import ORACLE
     from leaf_plugins.bench.credit.learning import PROTOCOLS
-    from leaf_plugins.bench.estimator_choice import estimator_choices
+    from leaf_plugins.bench.estimator_choice import EstimatorChoice, estimator_choices
     from leaf_plugins.bench.credit.plots import plot_cosines, plot_learning
     from leaf_plugins.bench.credit.sweep import (
         Settings, held_out_regimes, markdown_table, regimes, run_sweep, write_csv,
@@ -163,9 +169,30 @@ def run_credit(args: argparse.Namespace) -> int:
                 raise ConfigError(f"--{name.replace('_', '-')} must be a positive finite number, got {value}")
             settings = replace(settings, **{name: value})
     known = {regime.name: regime for regime in regimes() + held_out_regimes()}
-    for name in args.regimes or []:
+    for name in [] if args.report_set else args.regimes or []:
         if name not in known:
             raise ConfigError(f"unknown regime {name!r}.{suggest(name, known)} Regimes: {', '.join(known)}")
+    if args.report_set:
+        from leaf_plugins.bench.credit.split import paired_report, report_regimes, report_table
+
+        every = {regime.name: regime for regime in regimes() + held_out_regimes() + report_regimes()}
+        for name in args.regimes or []:
+            if name not in every:
+                raise ConfigError(f"unknown regime {name!r}.{suggest(name, every)} Regimes: {', '.join(every)}")
+        chosen = [every[name] for name in args.regimes] if args.regimes else report_regimes()
+        if args.batch_groups is not None:
+            if args.batch_groups < 1:
+                raise ConfigError(f"--batch-groups must be at least 1, got {args.batch_groups}")
+            chosen = [replace(regime, batch_groups=args.batch_groups) for regime in chosen]
+        reported = estimator_choices(args.estimators) if args.estimators else [EstimatorChoice("tree_otb")]
+        if len(reported) != 1:
+            raise ConfigError(f"--report-set reports one estimator against otb and grpo; --estimator was given "
+                              f"{len(reported)} times")
+        table = report_table(paired_report(chosen, reported[0], seeds=settings.seeds, groups=settings.groups))
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "report-set.md").write_text(table)
+        print("\n" + table + f"\nwritten: {args.out}/report-set.md")
+        return 0
     chosen = [known[name] for name in args.regimes] if args.regimes else held_out_regimes() if args.held_out else None
     estimators = [*estimator_choices(args.estimators), ORACLE] if args.estimators else None
     rows = run_sweep(settings, chosen, estimators)

@@ -50,7 +50,6 @@ from leaf_plugins.estimators.otb import real_tokens, replaced_reward_advantages,
 from leaf_plugins.estimators.machinery.mixing_weights import cross_fitted_weights, kernel_statistics
 from leaf_plugins.estimators.machinery.prefix_intervals import PathIntervals, path_intervals, shared_prefix_lengths
 from leaf_plugins.estimators.machinery.prefixes import SortedPrefixes
-from leaf_plugins.estimators.machinery.state_sums import state_runs
 from leaf_plugins.estimators.machinery.scratch import scratch
 
 __all__ = ["TreeOTB", "TreeOTBParams", "KAPPA_EDGES", "LANES", "value_ratios", "token_slots"]
@@ -167,10 +166,9 @@ def _learnt_weights(batch: RolloutBatch, prefixes: SortedPrefixes | None,
     if prefixes is None or shared is None:
         return torch.zeros_like(base)
     layout = batch.groups
-    runs = state_runs(batch, prefixes, shared[0])
-    kinds = torch.remainder(slot, KINDS)  # [N, T] int64 bin of 1 − Σπ²
+    kinds = slot.bitwise_and(KINDS - 1) if KINDS & (KINDS - 1) == 0 else slot.remainder(KINDS)  # [N, T] bin of 1 − Σπ²
     chosen = torch.expm1(batch.logprobs).neg_().mul_(real)  # [N, T] 1 − π of the sampled token
-    statistics = kernel_statistics(runs, base, move, chosen, spread, kinds, KINDS)
+    statistics = kernel_statistics(batch, prefixes, shared[0], shared[1], base, move, chosen, spread, kinds, KINDS)
     rewards = batch.rewards.double()
     spread_out = group_extreme(rewards, layout, "amax", -torch.inf) > group_extreme(rewards, layout, "amin", torch.inf)
     weights = cross_fitted_weights(statistics, spread_out)  # [G, kinds]

@@ -40,14 +40,17 @@ def _segment_table(batch: RolloutBatch, nodes: Nodes, params: SpanCreditParams) 
     ``T`` per row: the segments of the response, then the padding ``[H_i, T)`` as a zero
     segment."""
     values, bounds = _segments(batch, nodes, params.terms)  # [N, D+1], [N, D+2]
+    entries = torch.diff(bounds, dim=1) > 0  # [N, D+1]: spans of the path, before their ends are cut at H_i
+    bounds = bounds.clamp(max=batch.lengths.unsqueeze(1))
     sizes = torch.diff(bounds, dim=1, append=torch.full_like(bounds[:, :1], batch.width))  # [N, D+2]
-    values = _normalise(values, sizes[:, :-1], batch, params.normalize)
+    values = _normalise(values, sizes[:, :-1], entries, batch, params.normalize)
     return torch.cat([values, torch.zeros_like(values[:, :1])], dim=1).float(), sizes
 
 
 def _segments(batch: RolloutBatch, nodes: Nodes, terms: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Raw value ``[N, D+1]`` float64 of each segment and their bounds ``[N, D+2]``:
-    segment ``j`` covers ``[bounds[j], bounds[j+1])``.
+    segment ``j`` covers ``[bounds[j], bounds[j+1])``, cut at ``H_i`` (a node can lie past
+    the end of a short response under ``horizon: each``; the bounds are returned uncut).
 
     Past its last node ``v_q`` a path goes on through *leaves*: at ``H_i``, with value
     ``r_i`` and one member. The span ending at the first leaf is then the tail, with the
@@ -71,19 +74,25 @@ def _segments(batch: RolloutBatch, nodes: Nodes, terms: str) -> tuple[torch.Tens
     members = torch.nn.functional.pad(torch.where(on_path, nodes.size.take(node), 1), (0, 1), value=1)  # [N, D+1]
     position = torch.where(on_path, nodes.position.take(node), lengths)  # [N, D]: a leaf sits at H_i
     bounds = torch.cat([torch.zeros_like(lengths), position, lengths], dim=1)  # [N, D+2]
-    return credit * members.double().rsqrt_(), bounds.clamp_(max=lengths)
+    return credit * members.double().rsqrt_(), bounds
 
 
-def _normalise(values: torch.Tensor, sizes: torch.Tensor, batch: RolloutBatch, how: str) -> torch.Tensor:
-    """Normalise segment values ``[N, S]`` (``sizes``: tokens per segment).
+def _normalise(
+    values: torch.Tensor, sizes: torch.Tensor, entries: torch.Tensor, batch: RolloutBatch, how: str
+) -> torch.Tensor:
+    """Normalise segment values ``[N, S]`` (``sizes``: tokens per segment; ``entries``:
+    which segments are spans of the response's path).
 
-    ``span``: z-score per group over its non-empty segments, one entry each; ``token``:
+    ``span``: z-score per group over the spans of its responses' paths, one entry each:
+    every ``[p(v_{j-1}), p(v_j))`` with ``p(v_j) > p(v_{j-1})``, even one that lies wholly
+    past a short response's end (it holds none of its tokens), and the tail when
+    ``p(v_q) < H_i`` (spec, LEAF step 4: the authors' code does the same); ``token``:
     z-score per group over its tokens; ``batch``: z-score over all tokens of the batch.
     Standard deviations are sample (n - 1) ones, floored at 1e-6.
     """
     if how == "none":
         return values
-    weights = (sizes > 0).double() if how == "span" else sizes.double()  # [N, S]
+    weights = entries.double() if how == "span" else sizes.double()  # [N, S]
     layout = GroupLayout.whole(batch.size, batch.device) if how == "batch" else batch.groups
     count = group_total(weights, layout)  # [G]
     centred = values - per_response(group_total(values * weights, layout) / count.clamp(min=1), layout).unsqueeze(1)
