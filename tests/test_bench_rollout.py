@@ -3,6 +3,7 @@ measured run (the speed itself is measured by the command, never asserted here).
 
 from __future__ import annotations
 
+import pytest
 
 from leaf_plugins.backbones.granite_speech import tiny_granite_speech
 from dataclasses import replace
@@ -49,6 +50,7 @@ def test_tables():
     assert "| qwen2-audio (tiny, bf16) | static | 90 | 0.3000 | 0.0200 | 0.30% |" in mismatch
 
 
+@pytest.mark.slow  # a subprocess run of seconds
 def test_a_small_run_measures_both_backends():
     result = measure_rollout(replace(cpu_shapes(repeats=1, quick=True)[0], profile=True))
     phases = result["static_phases"]

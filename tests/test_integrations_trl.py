@@ -227,6 +227,7 @@ def test_unknown_estimator_and_plain_config_are_refused(tmp_path) -> None:
                         args=config(tmp_path, trl.GRPOConfig), train_dataset=Dataset.from_dict({"prompt": PROMPTS}))
 
 
+@pytest.mark.slow  # a subprocess run of seconds
 def test_a_group_split_across_two_processes_is_estimated_whole(tmp_path) -> None:
     script = Path(__file__).resolve().parent / "scripts" / "trl_two_process.py"
     done = subprocess.run(

@@ -22,6 +22,7 @@ CONFIG_DIR = ROOT / "configs" / "verl"
 
 if importlib.util.find_spec("verl") is None:
 
+    @pytest.mark.slow  # a subprocess run of seconds
     def test_verl_checks_pass_in_the_verl_environment() -> None:
         assert VERL_PYTHON.exists(), f"no verl environment at {VERL_PYTHON}: run bash scripts/install_verl_env.sh"
         run = subprocess.run(

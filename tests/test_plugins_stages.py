@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # each test installs packages or runs leaf in a fresh Python (seconds each)
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 TINY = ROOT / "configs" / "runs" / "tiny-qwen2-audio.yaml"

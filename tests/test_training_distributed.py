@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from leaf_plugins.training.trainer import Trainer
@@ -15,6 +16,7 @@ from training_cases import config, examples, host, step_gradient
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "two_process_step.py"
 
 
+@pytest.mark.slow  # a subprocess run of seconds
 def test_two_processes_share_the_prompts_and_end_with_identical_adapters(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
@@ -44,6 +46,7 @@ def test_two_processes_share_the_prompts_and_end_with_identical_adapters(tmp_pat
             torch.testing.assert_close(rank["gradient"][name], expected[name], rtol=1e-4, atol=1e-7, msg=lambda m, name=name: f"{name}: {m}")
 
 
+@pytest.mark.slow  # a subprocess run of seconds
 def test_fsdp2_generation_gathers_the_sharded_layers_once_per_rollout(tmp_path):
     """accelerate 1.15 runs FSDP only on accelerators (on CPU it falls back to one plain
     process), so FSDP2 is applied by hand here, on gloo. Both rollout backends."""
