@@ -16,7 +16,7 @@ from leaf_plugins.core.interrupts import exit_status, interrupt_received, interr
 from leaf_plugins.core.plugins import STRICT_ENV, PluginHost, PluginWarning, discover_commands
 from leaf_plugins.core.version import package_version
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "script", "build_parser"]
 
 
 def build_parser(commands: PluginHost | None = None) -> argparse.ArgumentParser:
@@ -46,12 +46,14 @@ def build_parser(commands: PluginHost | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``leaf``. SIGINT (Ctrl-C) and SIGTERM stop a command in order: it
-    keeps what is complete, one line on stderr says what, and the exit status is 130
-    (SIGINT) or 143 (SIGTERM)."""
+def main(argv: Sequence[str] | None = None, restore_signals: bool = True) -> int:
+    """Run one ``leaf`` command and return its exit status. SIGINT (Ctrl-C) and SIGTERM
+    stop a command in order: it keeps what is complete, one line on stderr says what,
+    and the exit status is 130 (SIGINT) or 143 (SIGTERM). The previous signal handlers
+    are restored afterwards unless ``restore_signals`` is false (``script``: the process
+    exits next, and a signal after the command has finished is ignored)."""
     command = ""  # known once the arguments are parsed
-    with interrupts_as_exceptions():
+    with interrupts_as_exceptions(restore=restore_signals):
         try:
             parser = build_parser()
             args, extra = parser.parse_known_args(argv)
@@ -107,5 +109,11 @@ def _notices_as_notes(command: str) -> Iterator[None]:
         yield
 
 
+def script() -> None:
+    """The ``leaf`` console script: ``main`` on the command line's arguments, then exit
+    with its status; signals stay handled until the process exits."""
+    sys.exit(main(restore_signals=False))
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    script()

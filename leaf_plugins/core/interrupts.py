@@ -60,11 +60,14 @@ def _in_main_thread() -> bool:
 
 
 @contextlib.contextmanager
-def interrupts_as_exceptions() -> Iterator[None]:
+def interrupts_as_exceptions(restore: bool = True) -> Iterator[None]:
     """SIGINT and SIGTERM raise ``Interrupted`` (once) inside the block; the previous
-    handlers are restored after it. A signal the process was started ignoring (a
-    background job of a script ignores SIGINT) stays ignored. Outside the main thread it
-    does nothing (Python delivers signals to the main thread only)."""
+    handlers are restored after it, or, with ``restore=False`` (a process that exits
+    right after the block), both are ignored from then on, so that a signal arriving
+    once the work is done cannot kill the process on its way out. A signal the process
+    was started ignoring (a background job of a script ignores SIGINT) stays ignored.
+    Outside the main thread it does nothing (Python delivers signals to the main thread
+    only)."""
     if not _in_main_thread():
         yield
         return
@@ -81,7 +84,7 @@ def interrupts_as_exceptions() -> Iterator[None]:
         yield
     finally:
         for number, handler in previous.items():
-            signal.signal(number, handler)
+            signal.signal(number, handler if restore else signal.SIG_IGN)
         _received.clear()
 
 
