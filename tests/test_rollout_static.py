@@ -31,8 +31,13 @@ PROMPTS = ["<|audio|> translate this", "Listen to <|audio|> and answer: who?", "
 # which moved them by at most 1e-5 (measured, also with ATEN_CPU_CAPABILITY=default and
 # OMP_NUM_THREADS=1); 1e-4 relative to the largest logit leaves a 10x margin
 LOGIT_TOLERANCE = 1e-4
-# log-probabilities after a float32 log-softmax over 512 logits: the same 1e-5 spread
-VALUE_TOLERANCE = 1e-4
+# log-probabilities after a float32 log-softmax over 512 logits: the same spread, at most
+# 1e-5 with a machine's default kernels, but up to 9.6e-4 (one token of 144) with
+# ATEN_CPU_CAPABILITY=avx2 on an AVX-512 machine, where the decode step's [N, H] products
+# and the teacher-forced [N, T, H] ones take different kernels; 2e-3 leaves a 2x margin
+# and stays far below what a wrong value moves (a wrong token, temperature or top-p:
+# > 0.05)
+VALUE_TOLERANCE = 2e-3
 
 
 @functools.lru_cache(maxsize=None)
