@@ -5,9 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from ruamel.yaml import YAML
-from ruamel.yaml.error import MarkedYAMLError
-
+from leaf_plugins.core.config import parse_overrides
 from leaf_plugins.core.engine import Engine, parameter_schema
 from leaf_plugins.core.errors import ConfigError, LeafError
 from leaf_plugins.core.plugins import PluginHost, get_host
@@ -47,16 +45,10 @@ def parse_choice(text: str, host: PluginHost | None = None) -> EstimatorChoice:
     ``auto``, ``true``); a ``ConfigError`` naming the choice and the culprit otherwise."""
     host = host or get_host()
     name, _, rest = text.strip().partition(":")
-    params: dict[str, Any] = {}
-    for part in filter(None, (piece.strip() for piece in rest.split(","))):
-        key, separator, raw = part.partition("=")
-        if not separator or not key.strip():
-            raise ConfigError(f"--estimator {text!r}: {part!r} is not P=V (expected {CHOICE_FORMAT})")
-        try:
-            params[key.strip()] = YAML(typ="safe").load(raw) if raw.strip() else None
-        except MarkedYAMLError as error:
-            raise ConfigError(f"--estimator {text!r}: the value of {key.strip()} is not YAML: "
-                              f"{error.problem}") from None
+    settings, errors = parse_overrides(filter(None, (piece.strip() for piece in rest.split(","))))
+    if errors:
+        raise ConfigError(f"--estimator {text!r} ({CHOICE_FORMAT}): {errors[0]}")
+    params = {key.strip(): value for key, value, _ in settings}
     choice = EstimatorChoice(name.strip(), tuple(params.items()))
     try:
         Engine(choice.name, params, host=host)

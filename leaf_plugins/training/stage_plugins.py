@@ -25,17 +25,17 @@ from typing import Any, Callable, Iterable, Sequence
 
 import pluggy
 
+from leaf_plugins.core.engine import STAGES
 from leaf_plugins.core.errors import ConfigError, LeafError, suggest
 from leaf_plugins.core.hookspecs import PROJECT, LeafSpecs
 from leaf_plugins.core.plugins import PluginHost
 from leaf_plugins.core.stages import Rollout, StepContext
 
-__all__ = ["RUN_HOOKS", "ESTIMATOR_STAGES", "PLUGINS_RECORD", "StagePlugin", "PluginStageError", "resolve_plugin",
+__all__ = ["RUN_HOOKS", "PLUGINS_RECORD", "StagePlugin", "PluginStageError", "resolve_plugin",
            "resolve_plugins", "run_hooks_of", "plugins_validator", "guarded", "register_stage_plugins",
            "record_plugins", "RolloutStage", "rollout_stage"]
 
 RUN_HOOKS = ("rollout", "score_rollouts", "compute_loss", "on_step_end", "on_estimate")
-ESTIMATOR_STAGES = ("select_boundaries", "retain_nodes", "compute_advantages")
 PLUGINS_RECORD = "plugins.json"  # in the run's output directory
 _MODULE_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
@@ -117,7 +117,7 @@ def _run_impls(name: str, plugin: object) -> tuple[tuple[str, str, dict[str, Any
     """The run-time hook implementations of ``plugin``; an error if it has none or if it
     implements an estimator stage (those come from ``estimator.name`` / ``estimator.stages``)."""
     impls = _hookimpls(plugin)
-    stages = sorted(hook for _, hook, _ in impls if hook in ESTIMATOR_STAGES)
+    stages = sorted(hook for _, hook, _ in impls if hook in STAGES)
     if stages:
         raise ConfigError(f"plugin {name!r} implements the estimator stage {stages[0]!r}: estimator stages come from "
                           f"the run's estimator (estimator.name, estimator.stages), so register it as an estimator")
