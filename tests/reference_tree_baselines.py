@@ -107,25 +107,26 @@ def weight(r: Response, t: int) -> float:
     return max(0.0, 1 - 2 * math.exp(r.logprobs[t]) + r.sum_pi_squared[t])
 
 
-def kappas(groups: list[list[Response]], g: int, ridge: float = 0.0) -> tuple[float, list[float]]:
-    """The floor ``f_g`` and ``κ_{g,k}`` per bin, from every other group (each token's
-    weight ``w + ridge``)."""
-    others = [h for h in range(len(groups)) if h != g]
+def kappas(groups: list[list[Response]], g: int, i: int, ridge: float = 0.0) -> tuple[float, list[float]]:
+    """The floor ``f`` and ``κ_k`` per bin of response ``i`` of group ``g``, from every
+    other response of the batch (each token's weight ``w + ridge``; a response's group mean
+    without response ``i``)."""
+    others = [(h, j) for h in range(len(groups)) for j in range(len(groups[h])) if (h, j) != (g, i)]
     if not others:
         return 0.0, [1.0] * (len(KAPPA_EDGES) + 1)
-    floor = min(r.reward for h in others for r in groups[h])
+    floor = min(groups[h][j].reward for h, j in others)
     above = [0.0] * (len(KAPPA_EDGES) + 1)
     below = [0.0] * (len(KAPPA_EDGES) + 1)
     total = [0.0] * (len(KAPPA_EDGES) + 1)
-    for h in others:
-        group_mean = mean([r.reward for r in groups[h]])
-        for r in groups[h]:
-            for t in range(len(r.tokens)):
-                k = bisect.bisect_left(KAPPA_EDGES, 1 - r.sum_pi_squared[t])
-                w = weight(r, t) + ridge
-                above[k] += w * (r.reward - floor)
-                below[k] += w * (group_mean - floor)
-                total[k] += w
+    for h, j in others:
+        group_mean = mean([r.reward for k, r in enumerate(groups[h]) if (h, k) != (g, i)])
+        r = groups[h][j]
+        for t in range(len(r.tokens)):
+            k = bisect.bisect_left(KAPPA_EDGES, 1 - r.sum_pi_squared[t])
+            w = weight(r, t) + ridge
+            above[k] += w * (r.reward - floor)
+            below[k] += w * (group_mean - floor)
+            total[k] += w
     return floor, [a / b if b > 1e-12 * max(t, 1e-300) else 1.0 for a, b, t in zip(above, below, total)]
 
 
@@ -133,13 +134,13 @@ def tree_part(groups: list[list[Response]], fork_budget=2, min_group=2, horizon=
               scale="batch_std", std_floor=0.0, eps=1e-6, own_share=True, prefix_mean=True,
               ridge=0.025) -> list[list[list[float]]]:
     """The prefix tree's advantages (``tree_weight: 1``) of every group of one batch (κ
-    reads the other groups)."""
+    and f of each response read the batch's other responses)."""
     out = []
     every_nodes = [tree_nodes(group, fork_budget, min_group, horizon) for group in groups]
     shrinks = auto_shrinks(groups, every_nodes) if shrink == "auto" else [shrink] * len(groups)
     for g, group in enumerate(groups):
         nodes, shrink = every_nodes[g], shrinks[g]
-        floor, kappa = kappas(groups, g, ridge)
+        ratios = [kappas(groups, g, i, ridge) for i in range(len(group))]  # (f, κ) of each response
         c = batch_scale(groups, std_floor, eps) if scale == "batch_std" else group_scale(group, scale, std_floor, eps)
         cumulative = [[sum(weight(r, u) for u in range(t + 1)) for t in range(len(r.tokens))] for r in group]
         values = [token_values(group, i, nodes, shrink) for i in range(len(group))]
@@ -150,10 +151,9 @@ def tree_part(groups: list[list[Response]], fork_budget=2, min_group=2, horizon=
                 # with prefix_mean: the others whose tokens 0 … t are i's, i included
                 sharing = [j for j, other in enumerate(group) if other.tokens[: t + 1] == r.tokens[: t + 1]] \
                     if prefix_mean else [i]
-                reward = mean([group[j].reward for j in sharing])
-                value = mean([values[j][t] for j in sharing])
                 k = bisect.bisect_left(KAPPA_EDGES, 1 - r.sum_pi_squared[t])
-                advantage = reward - (floor + kappa[k] * (value - floor))
+                advantage = mean([(group[j].reward - ratios[j][0]) - ratios[j][1][k] * (values[j][t] - ratios[j][0])
+                                  for j in sharing])
                 if own_share:
                     running = sum(cumulative[j][t] for j in range(len(group)) if t < len(group[j].tokens))
                     advantage *= 1 - (cumulative[i][t] / running if running > 0 else 0.0)
@@ -216,49 +216,59 @@ def otb_part(groups: list[list[Response]], scale="batch_std", std_floor=0.0, eps
     return out
 
 
-def score_products(group: list[Response], j: int, t: int, values: list[list[float]]) -> float:
-    """``Σ_l values[l][t] ⟨∇log π(a_j), ∇log π(a_l)⟩`` over the responses ``l`` in token
-    ``t``'s state (tokens 0 … t−1 as ``j``'s, still running), the inner product of two
-    softmax scores in one state being ``[a_j = a_l] − π_j − π_l + Σπ²``: for one action the
-    token weight, as the package computes it (``stable_weight``)."""
-    total = 0.0
-    for l, other in enumerate(group):
-        if len(other.tokens) > t and other.tokens[:t] == group[j].tokens[:t]:
-            if other.tokens[t] == group[j].tokens[t]:
-                inner = stable_weight(group[j], t)
-            else:
-                inner = group[j].sum_pi_squared[t] - math.exp(group[j].logprobs[t]) - math.exp(other.logprobs[t])
-            total += values[l][t] * inner
-    return total
+SIZE_FLOOR, BELOW_FLOOR = 1e-4, 1e-4
+"""The rule's thresholds (``mixing_weights``): a group's Z against the largest, the
+summed D/Z."""
 
 
-SIZE_FLOOR, CARRY_FLOOR, BELOW_FLOOR = 1e-4, 1e-9, 1e-12
-"""The rule's thresholds (``mixing_weights``): a group's Z against the largest, a group's
-D/Z for carrying a kind, the others' summed D/Z."""
+def _kernel_units(group: list[Response], e: list[list[float]], d: list[list[float]]):
+    """The units of one group's ``(Σ d K e, Σ d K d, Σ e K e)``: per position ``t`` and
+    prefix class ``C`` (the running responses that share tokens ``0 … t``),
+    ``Σ_{j∈C} w_j · (d_j E_C, d_j D_C, e_j E_C)``; per ordered pair ``(j, l)`` in one state
+    at ``t`` (tokens ``0 … t−1`` shared) with different tokens at ``t``,
+    ``k_{jl} · (d_j e_l, d_j d_l, e_j e_l)``, ``k_{jl} = Σπ²_j − π_j − π_l`` the scores'
+    inner product; and per token, ``w · (d e, d d, e e)`` (the diagonal, which the class
+    units include). Returns (class and pair units, diagonal units)."""
+    shared_units, diagonal = [], []
+    for t in range(max(len(r.tokens) for r in group)):
+        running = [j for j, r in enumerate(group) if len(r.tokens) > t]
+        classes: dict[tuple[int, ...], list[int]] = {}
+        for j in running:
+            classes.setdefault(tuple(group[j].tokens[: t + 1]), []).append(j)
+            w = stable_weight(group[j], t)
+            diagonal.append((w * d[j][t] * e[j][t], w * d[j][t] * d[j][t], w * e[j][t] * e[j][t]))
+        for members in classes.values():
+            e_sum, d_sum = sum(e[j][t] for j in members), sum(d[j][t] for j in members)
+            shared_units.append(tuple(sum(stable_weight(group[j], t) * x[j][t] for j in members) * y
+                                      for x, y in ((d, e_sum), (d, d_sum), (e, e_sum))))
+        for j in running:
+            for l in running:
+                r, other = group[j], group[l]
+                if other.tokens[:t] == r.tokens[:t] and other.tokens[t] != r.tokens[t]:
+                    inner = r.sum_pi_squared[t] - math.exp(r.logprobs[t]) - math.exp(other.logprobs[t])
+                    shared_units.append((inner * d[j][t] * e[l][t], inner * d[j][t] * d[l][t],
+                                         inner * e[j][t] * e[l][t]))
+    return shared_units, diagonal
 
 
 def _weight_statistics(groups: list[list[Response]], base, move):
-    """Per group ``(N/Z per kind, D/Z per kind)`` (zeros for an uninformative group), the
-    groups' Z, whether each is usable (rewards not all equal) and the largest usable Z."""
-    kinds = len(KAPPA_EDGES) + 1
-    stats, sizes, spread = [], [], []
-    for g, group in enumerate(groups):
-        cross, square, size = [0.0] * kinds, [0.0] * kinds, 0.0
-        for j, r in enumerate(group):
-            for t in range(len(r.tokens)):
-                k = bisect.bisect_left(KAPPA_EDGES, 1 - r.sum_pi_squared[t])
-                kernel_base = score_products(group, j, t, base[g])
-                cross[k] += move[g][j][t] * kernel_base
-                square[k] += move[g][j][t] * score_products(group, j, t, move[g])
-                size += base[g][j][t] * kernel_base
-        rewards = [r.reward for r in group]
-        stats.append((cross, square))
-        sizes.append(size)
-        spread.append(max(rewards) > min(rewards))
+    """Per group its units ``(n, d)`` times their coefficients in ``V_g / Z_g`` (a class or
+    pair unit ``−1/((K − 1) Z)``, a diagonal one ``K/((K − 1) Z)``; none for an
+    uninformative group), the groups' Z, whether each is usable (rewards not all equal)
+    and the largest usable Z."""
+    units = [_kernel_units(group, base[g], move[g]) for g, group in enumerate(groups)]
+    sizes = [sum(unit[2] for unit in shared) for shared, _ in units]
+    spread = [max(r.reward for r in group) > min(r.reward for r in group) for group in groups]
     largest = max([z for z, usable in zip(sizes, spread) if usable], default=0.0)
-    for g, (cross, square) in enumerate(stats):  # a group whose Z is at most SIZE_FLOOR of the largest says nothing
-        scale = 1 / sizes[g] if spread[g] and sizes[g] > SIZE_FLOOR * largest else 0.0
-        stats[g] = ([x * scale for x in cross], [x * scale for x in square])
+    stats = []
+    for g, (shared, diagonal) in enumerate(units):  # a group whose Z is at most SIZE_FLOOR of the largest says nothing
+        if not (spread[g] and sizes[g] > SIZE_FLOOR * largest):
+            stats.append([])
+            continue
+        k = len(groups[g])
+        together, alone = -1 / ((k - 1) * sizes[g]), k / ((k - 1) * sizes[g])
+        stats.append([(n * together, dd * together) for n, dd, _ in shared]
+                     + [(n * alone, dd * alone) for n, dd, _ in diagonal])
     return stats, sizes, spread, largest
 
 
@@ -276,58 +286,40 @@ def weights_near_thresholds(groups: list[list[Response]], factor: float = 10.0) 
 
     if any(usable and largest > 0 and near(z / largest, SIZE_FLOOR) for z, usable in zip(sizes, spread)):
         return True
-    kinds = len(KAPPA_EDGES) + 1
-    for k in range(kinds):
-        if any(near(s[1][k], CARRY_FLOOR) for s in stats):
-            return True
-        total = sum(s[1][k] for s in stats)
-        if any(near(total - s[1][k], BELOW_FLOOR) for s in stats):
-            return True
-    return False
+    return near(sum(square for group in stats for _, square in group), BELOW_FLOOR)
 
 
-def tree_weights(groups: list[list[Response]], base, move, confidence=1.0, min_groups=3) -> list[list[float]]:
-    """``tree_weight: auto``: per group and kind of state (bin of ``1 − Σπ²``), the weight
-    learnt from the other groups (docs/estimators.md), one token at a time."""
-    kinds = len(KAPPA_EDGES) + 1
-    stats = _weight_statistics(groups, base, move)[0]
-    out = []
-    for g in range(len(groups)):
-        row = []
-        for k in range(kinds):
-            others = [stats[h] for h in range(len(groups)) if h != g]
-            below = sum(s[1][k] for s in others)
-            carrying = sum(1 for s in others if s[1][k] > CARRY_FLOOR)
-            if below <= BELOW_FLOOR or carrying < min_groups:
-                row.append(0.0)
-                continue
-            fitted = -sum(s[0][k] for s in others) / below
-            error = math.sqrt(sum((s[0][k] + fitted * s[1][k]) ** 2 for s in others)) / below
-            row.append(min(1.0, max(0.0, fitted - confidence * error)))
-        out.append(row)
-    return out
+def tree_weight_of(groups: list[list[Response]], base, move, confidence=1.0) -> float:
+    """``tree_weight: auto``: the one weight of the batch, fitted on the variance estimates
+    of every informative group (docs/estimators.md), less its standard error over the
+    kernel's units."""
+    units = [unit for group in _weight_statistics(groups, base, move)[0] for unit in group]
+    below = sum(square for _, square in units)
+    if below <= BELOW_FLOOR:
+        return 0.0
+    fitted = -sum(cross for cross, _ in units) / below
+    error = math.sqrt(sum((cross + fitted * square) ** 2 for cross, square in units)) / below
+    return min(1.0, max(0.0, fitted - confidence * error))
 
 
 def tree_otb(groups: list[list[Response]], fork_budget=2, min_group=2, horizon="shortest", shrink=4.0,
              scale="batch_std", std_floor=0.0, eps=1e-6, own_share=True, prefix_mean=True,
              ridge=0.025, tree_weight="auto") -> list[list[list[float]]]:
     """Advantages of every group of one batch: OTB's advantage plus ``λ`` times the step
-    to the prefix tree's, ``λ`` fixed or learnt per group and kind from the others."""
+    to the prefix tree's, ``λ`` fixed or fitted on the batch's responses."""
     tree = tree_part(groups, fork_budget, min_group, horizon, shrink, scale, std_floor, eps, own_share, prefix_mean,
                      ridge)
     if tree_weight == 1:
         return tree
     base = otb_part(groups, scale, std_floor, eps, own_share, prefix_mean)
     move = [[[a - b for a, b in zip(t_row, o_row)] for t_row, o_row in zip(tg, og)] for tg, og in zip(tree, base)]
-    weights = tree_weights(groups, base, move) if tree_weight == "auto" else None
+    lam = tree_weight_of(groups, base, move) if tree_weight == "auto" else tree_weight
     out = []
     for g, group in enumerate(groups):
         rows = []
         for j, r in enumerate(group):
             row = []
             for t in range(len(r.tokens)):
-                k = bisect.bisect_left(KAPPA_EDGES, 1 - r.sum_pi_squared[t])
-                lam = weights[g][k] if weights is not None else tree_weight
                 row.append(base[g][j][t] + lam * move[g][j][t])
             rows.append(row)
         out.append(rows)

@@ -17,7 +17,7 @@ from leaf_plugins.bench.credit.environment import Environment, Regime
 from leaf_plugins.bench.credit.measures import gradient_bias
 from leaf_plugins.bench.credit.sampling import sample_groups
 from leaf_plugins.core.errors import ConfigError
-from leaf_plugins.estimators.machinery.mixing_weights import cross_fitted_weights, kernel_statistics
+from leaf_plugins.estimators.machinery.mixing_weights import KernelTerms, kernel_terms, pooled_weight
 from leaf_plugins.estimators.machinery.prefix_intervals import shared_prefix_lengths
 from leaf_plugins.estimators.machinery.prefixes import SortedPrefixes
 from reference_estimators import boundary_nodes, collision_boundaries, trie_nodes
@@ -167,13 +167,13 @@ def test_any_boundary_stage_gives_the_reference_on_its_nodes(stages):
                 if name == "tree_rloo":
                     expected.append([[r.reward - v for v in row] for r, row in zip(group, values)])
                 else:
-                    floor, kappa = reference.kappas(groups, g)
+                    ratios = [reference.kappas(groups, g, i) for i in range(len(group))]  # (f, κ) of each response
                     expected.append([
                         [0.0 if len(group) == 1 else
                          r.reward - floor - kappa[reference.bisect.bisect_left(reference.KAPPA_EDGES,
                                                                                1 - r.sum_pi_squared[t])] * (v - floor)
                          for t, v in enumerate(row)]
-                        for r, row in zip(group, values)])
+                        for r, row, (floor, kappa) in zip(group, values, ratios)])
             assert_rows(got, where, expected, f"{name} with {stages} nodes")
 
 
@@ -199,11 +199,11 @@ def test_tree_rloo_by_hand_with_a_node():
 
 
 def test_tree_otb_by_hand_ratio_and_floor():
-    """Two groups of two. Every token uncertain (π = .5, Σπ² = .5: w = .5, bin 7). Group 1
-    (rewards 2, 4) learns from group 0 (rewards 1, 3): f = 1, κ = Σw(r−f)/Σw(r̄−f) =
-    (0 + 2)/(1 + 1) = 1; group 0 from group 1: f = 2, κ = (0 + 2)/(1 + 1) = 1. Then with
-    rewards 1, 3 → 1, 5 in group 0, group 1's κ = (0 + 4)/(2 + 2) = 1 still, group 0's
-    unchanged; with group 1 rewards 2, 2 (no spread), group 0's κ = 0/0 → 1."""
+    """Two groups of two. Every token uncertain (π = .5, Σπ² = .5: w = .5, bin 7). Each
+    response learns from the three others: response 0 (reward 1) from 3 (its group, whose
+    mean without it is 3) and 2, 4 (group 1, mean 3): f = 2, κ = Σw(r−f)/Σw(r̄−f) =
+    (1 + 0 + 2)/(1 + 1 + 1) = 1, so b = V̂ = 3; response 3 (reward 4) from 2 (its group's
+    mean without it, 2) and 1, 3 (mean 2): f = 1, κ = (1 + 0 + 2)/(1 + 1 + 1) = 1, b = 2."""
     def run(rewards):
         batch = lp.RolloutBatch.from_lists([[1, 2], [3, 4], [1, 2], [3, 4]], rewards, [0, 0, 1, 1],
                                            surprisal=[[1, 1]] * 4, logprobs=[[math.log(0.5)] * 2] * 4,
@@ -222,9 +222,15 @@ def test_tree_otb_by_hand_ratio_and_floor():
 
 
 def test_tree_otb_ratio_below_one_moves_the_baseline_toward_the_floor():
-    """Group 1's near-deterministic tokens: the response that took a rare token (π = .1)
-    got 0, the other (π = 1, no weight) 1: κ = w·(0 − 0) / w·(.5 − 0) = 0 in that bin, so
-    group 0's tokens of that bin get b = f = 0: A = r."""
+    """Near-deterministic tokens (1 − Σπ² = .0198, bin 4), and ridge .025 added to every
+    weight. Group 0: rewards 1 and .6, both π = .99 (w = 1 − 1.98 + .9802 = .0002, W = .0252).
+    Group 1: the response that took a rare token (π = .1, w = 1.7802, W = 1.8052) got 0,
+    the other (π = 1, Σπ² = 1: bin 0, no weight in bin 4) 1, mean .5. Response 0 learns
+    from response 1 (its group's mean without it: .6) and group 1: f = 0,
+    κ = (.0252 · .6 + 1.8052 · 0) / (.0252 · .6 + 1.8052 · .5) = .01512 / .91772, and with
+    no node its baseline is κ times the other's reward .6. Response 1 likewise:
+    κ = .0252 / (.0252 + .9026), baseline κ · 1. The rare, costly token of the other group
+    pulls both baselines far below the value (κ ≈ .02)."""
     rare = [math.log(0.1)]
     batch = lp.RolloutBatch.from_lists(
         [[1], [2], [1], [2]], [1.0, 0.6, 0.0, 1.0], [0, 0, 1, 1], surprisal=[[1]] * 4,
@@ -232,8 +238,10 @@ def test_tree_otb_ratio_below_one_moves_the_baseline_toward_the_floor():
         sum_pi_squared=[[0.9802], [0.9802], [0.9802], [1.0]],
     )
     got = lp.estimate(batch, "tree_otb", own_share=False, fork_budget=0, scale="none", tree_weight=1.0).advantages
-    assert got[0, 0].item() == pytest.approx(1.0, abs=1e-6)
-    assert got[1, 0].item() == pytest.approx(0.6, abs=1e-6)
+    # the weights are float32 sums of 1 − 2π + Σπ² near cancellation (w = 2e-4 from terms of
+    # size 1, to about 1e-7 absolute): κ to about 1e-5 relative, the advantages to 1e-6
+    assert got[0, 0].item() == pytest.approx(1.0 - 0.6 * 0.01512 / 0.91772, abs=2e-6)
+    assert got[1, 0].item() == pytest.approx(0.6 - 1.0 * 0.0252 / 0.9278, abs=2e-6)
 
 
 @pytest.mark.parametrize("name", ["tree_rloo", "tree_otb"])
@@ -249,18 +257,24 @@ def test_a_response_alone_and_an_all_equal_group(name):
 
 
 def test_tree_otb_all_equal_group_under_group_std_gets_zero_not_a_blowup():
-    """Group 1 (rewards .5, .5) has no spread. Its baseline is measured from group 0's
-    floor f = .2 (not its own mean), so with κ = 0 (group 0's response with the rare token
-    π = .1 scored .2 = f, the other has no weight) its unscaled advantage is r − f = .3 on
-    every token. Divided by GRPO's std + eps that would be .3 / 1e-6; under ``group_std``
-    an all-equal group gets 0, as in GRPO, and ``scale: none`` keeps the .3."""
+    """Group 1 (rewards .5, .5) has no spread. Its baseline is measured from the lowest
+    other reward f = .2 (not its own mean) with κ near 0: in the near-deterministic bin
+    (ridge .025 added to every weight), its other response (W = .0252, its group's mean
+    without the response .5) and group 0's response with the rare token (π = .1,
+    W = 1.8052, scored .2 = f; the other has no weight in the bin, mean .55) give
+    κ = .0252 · .3 / (.0252 · .3 + 1.8052 · .35), so its unscaled advantage is
+    r − f − κ (.5 − f) ≈ .2965 on every token. Divided by GRPO's std + eps that would be
+    .2965 / 1e-6; under ``group_std`` an all-equal group gets 0, as in GRPO, and
+    ``scale: none`` keeps it."""
     batch = lp.RolloutBatch.from_lists(
         [[1], [2], [1], [2]], [0.2, 0.9, 0.5, 0.5], [0, 0, 1, 1], surprisal=[[1]] * 4,
         logprobs=[[math.log(0.1)], [0.0], [math.log(0.99)], [math.log(0.99)]],
         sum_pi_squared=[[0.9802], [1.0], [0.9802], [0.9802]],
     )
     unscaled = lp.estimate(batch, "tree_otb", own_share=False, fork_budget=0, scale="none", tree_weight=1.0).advantages
-    assert unscaled[2:, 0].tolist() == pytest.approx([0.3, 0.3], abs=1e-6)
+    kappa = 0.0252 * 0.3 / (0.0252 * 0.3 + 1.8052 * 0.35)
+    # float32 weights near cancellation (w = 2e-4 from terms of size 1): κ to 1e-5 relative
+    assert unscaled[2:, 0].tolist() == pytest.approx([0.3 - kappa * 0.3] * 2, abs=2e-6)
     scaled = lp.estimate(batch, "tree_otb", own_share=False, fork_budget=0, scale="group_std",
                          tree_weight=1.0).advantages
     assert scaled[2:].abs().max().item() == 0.0
@@ -304,7 +318,10 @@ def test_batch_std_is_scale_none_over_one_divisor_for_the_whole_batch(seed):
         plain = lp.estimate(batch, name, scale="none").advantages
         scaled = lp.estimate(batch, name, scale="batch_std").advantages
         expected = plain / divisor if math.isfinite(divisor) else torch.zeros_like(plain)
-        assert torch.allclose(scaled, expected, atol=1e-5, rtol=1e-4), name
+        # tree_otb's learnt weight passes on the rounding of other float32 sums (see the
+        # permutation and scale test): LEARNT_TOLERANCE there, on advantages of size ~1
+        atol = LEARNT_TOLERANCE if name == "tree_otb" else 1e-5
+        assert torch.allclose(scaled, expected, atol=atol, rtol=1e-4), name
 
 
 @settings(max_examples=15, deadline=None)
@@ -319,11 +336,16 @@ def test_permutation_shift_and_scale(seed):
     batch, _ = batch_of(groups)
     order = torch.randperm(batch.size, generator=torch.Generator().manual_seed(seed))
     for name, params in (("tree_rloo", {}), ("tree_otb", {}), ("tree_otb", {"tree_weight": 1.0})):
+        # the learnt weight is a ratio of float32 sums taken in another order (permuted) or of
+        # other roundings (scaled): it passes their rounding on, up to 4.5e-4 of itself in 1000
+        # random batches of this kind, which moved advantages by up to 5.3e-5 (before the 2.5
+        # scale); LEARNT_TOLERANCE, as in the reference test, leaves a margin of about 20
+        learnt = name == "tree_otb" and not params
         base = lp.estimate(batch, name, scale="none", **params).advantages
         permuted = lp.estimate(batch.select(order), name, scale="none", **params).advantages
-        assert torch.allclose(permuted, base[order], atol=1e-5)
+        assert torch.allclose(permuted, base[order], atol=LEARNT_TOLERANCE if learnt else 1e-5)
         scaled = lp.estimate(batch.with_rewards(batch.rewards * 2.5), name, scale="none", **params).advantages
-        assert torch.allclose(scaled, 2.5 * base, atol=5e-5)
+        assert torch.allclose(scaled, 2.5 * base, atol=2.5 * LEARNT_TOLERANCE if learnt else 5e-5)
         if params or name == "tree_rloo":
             shifted = lp.estimate(batch.with_rewards(batch.rewards + 3.0), name, scale="none", **params).advantages
             assert torch.allclose(shifted, base, atol=5e-5)
@@ -403,17 +425,22 @@ def in_batches(batch: lp.RolloutBatch, name: str, params: dict, groups: int, siz
 
 def test_unbiased_baselines_average_to_the_exact_gradient_and_leaf_does_not():
     """Statistical bias test on the exact task: over 6,000 groups the mean gradient of
-    tree_rloo (no scale) and of tree_otb without its own share (its learnt tree weight,
-    per batch of 8 groups, and the tree alone) projects on ∇J with coefficient 1 within
-    its 95% CI and has no direction bias beyond noise (excess near 1); LEAF's span credit
-    has a direction bias (the documented fact)."""
+    tree_rloo (no scale) and of tree_otb without its own share with the tree alone
+    (per batch of 8 groups) projects on ∇J with coefficient 1 within its 95% CI and has no
+    direction bias beyond noise (excess near 1). tree_otb's learnt weight reads the
+    batch's own rewards: its mean gradient has no direction bias either, and its
+    projection lies within 5% of 1 (0.994 ± 0.012 measured here, per batch of 8 groups).
+    LEAF's span credit has a direction bias (the documented fact)."""
     env = Environment.build(BIAS_TASK, 3)
     groups = sample_groups(env, 6000, torch.Generator().manual_seed(0))
     for name, params in (("tree_rloo", {"scale": "none"}), ("tree_otb", {"own_share": False, "scale": "none"}),
                          ("tree_otb", {"own_share": False, "scale": "none", "tree_weight": 1.0})):
         advantages = in_batches(groups.batch, name, params, 8, BIAS_TASK.group_size)
         bias = gradient_bias(env, groups, advantages, blocks=40)
-        assert abs(bias.projection.mean - 1) < bias.projection.half_width * 1.5, (name, params, bias)
+        if name == "tree_otb" and "tree_weight" not in params:  # the learnt weight
+            assert abs(bias.projection.mean - 1) < 0.05, (name, params, bias)
+        else:
+            assert abs(bias.projection.mean - 1) < bias.projection.half_width * 1.5, (name, params, bias)
         assert bias.excess < 2.0, (name, params, bias)
     leaf = gradient_bias(env, groups, lp.estimate(groups.batch, "leaf").advantages, blocks=40)
     assert leaf.excess > 3.0, leaf
@@ -426,8 +453,8 @@ def test_unbiased_baselines_average_to_the_exact_gradient_and_leaf_does_not():
 @settings(max_examples=12, deadline=None, derandomize=True)
 @given(seed=group_seeds)
 def test_learnt_tree_weights_match_the_reference(seed):
-    """Batches of up to 8 groups, so that three or more other groups carry a kind of
-    state and the weights are learnt (strictly between 0 and 1 in about half of them)."""
+    """Batches of 1 to 8 groups: the weight is fitted on every response of the batch
+    (strictly between 0 and 1 in a good share of them)."""
     groups = policy_groups(seed, max_groups=8)
     # a threshold of the rule (a group's share of the largest Z, a kind's D/Z) within rounding
     # of the data may be decided otherwise in float32 than in the float64 reference, and the
@@ -450,28 +477,33 @@ def test_learnt_weights_are_exercised():
     """The reference comparison above is not vacuous: across its kind of batches, learnt
     weights strictly between 0 and 1 occur."""
     inside = 0
-    for seed in range(12):
+    for seed in range(24):
         groups = policy_groups(seed, max_groups=8)
         tree, base = reference.tree_part(groups), reference.otb_part(groups)
         move = [[[a - b for a, b in zip(t, o)] for t, o in zip(tg, og)] for tg, og in zip(tree, base)]
-        inside += any(0 < w < 1 for row in reference.tree_weights(groups, base, move) for w in row)
-    assert inside >= 3
+        inside += 0 < reference.tree_weight_of(groups, base, move) < 1
+    assert inside >= 8  # 17 of these 24 batches
 
 
 def test_tree_weight_mixes_the_two_advantages():
     """``tree_weight`` λ gives OTB's advantage plus λ times the step to the tree's: 0 is
     OTB's (with the class-mean reward, divided by the same scale), 1 the tree's, and 0.25
-    a quarter of the way; with one group, ``auto`` has no other group to learn from and
-    gives OTB's."""
+    a quarter of the way; ``auto`` is one λ in [0, 1] for the whole batch, a group alone
+    included (it fits on its own responses)."""
     groups = policy_groups(7)
-    batch, _ = batch_of(groups)
-    tree = lp.estimate(batch, "tree_otb", tree_weight=1.0).advantages
-    otb = lp.estimate(batch, "tree_otb", tree_weight=0.0).advantages
-    quarter = lp.estimate(batch, "tree_otb", tree_weight=0.25).advantages
-    assert torch.allclose(quarter, otb + 0.25 * (tree - otb), atol=1e-6)
-    single, _ = batch_of(groups[:1])
-    assert torch.equal(lp.estimate(single, "tree_otb").advantages, lp.estimate(single, "tree_otb", tree_weight=0.0)
-                       .advantages)
+    alone = policy_groups(0)[1]  # a group whose own fit is strictly inside (0, 1): 0.898
+    for chosen in (groups, [alone]):
+        batch, _ = batch_of(chosen)
+        tree = lp.estimate(batch, "tree_otb", tree_weight=1.0).advantages
+        otb = lp.estimate(batch, "tree_otb", tree_weight=0.0).advantages
+        quarter = lp.estimate(batch, "tree_otb", tree_weight=0.25).advantages
+        assert torch.allclose(quarter, otb + 0.25 * (tree - otb), atol=1e-6)
+        learnt = lp.estimate(batch, "tree_otb").advantages
+        step = tree - otb
+        weight = float((learnt - otb).mul(step).sum() / step.square().sum())  # the λ that auto used
+        assert 0 <= weight <= 1
+        assert torch.allclose(learnt, otb + weight * step, atol=1e-6)
+    assert 0 < weight < 1, "a group alone learns its weight: it needs no other group"
 
 
 def test_tree_weight_zero_is_otb_over_the_batch_scale():
@@ -490,15 +522,19 @@ def test_tree_weight_zero_is_otb_over_the_batch_scale():
     assert bool((got[8] == 0).all()) and bool((otb[8, :1] != 0).all())
 
 
-def test_kernel_statistics_by_hand():
-    """One group, three one-token responses in one state: tokens a, a, b with π_a = .5,
-    π_b = .3 and Σπ² = .38, so the scores' inner products are K_aa = 1 − 2(.5) + .38 = .38,
-    K_bb = .78, K_ab = −.5 − .3 + .38 = −.42. With e = (1, 2, 3) and d = (1, 0, −1):
-    K e = (−.12, −.12, 1.08), K d = (.8, .8, −1.2), so Σ d K e = −1.2, Σ d K d = 2 and
-    Σ e K e = 2.88 (= |3 s_a + 3 s_b|² = 9 K_aa + 18 K_ab + 9 K_bb). A second token after
-    the two a's (c and d, one state of its own, π = .5 each, Σπ² = .5): K_cc = .5,
-    K_cd = −.5; e = (1, 1), d = (2, 0) add Σ d K e = 2 (.5 − .5) = 0, Σ d K d = 2 (2 · .5) = 2,
-    Σ e K e = (.5 − .5) · 2 = 0. The kind of both states is the last bin (1 − Σπ² > .3)."""
+def test_kernel_terms_by_hand():
+    """One group, three responses; the first token in one state: tokens a, a, b with
+    π_a = .5, π_b = .3 and Σπ² = .38, so the scores' inner products are
+    K_aa = 1 − 2(.5) + .38 = .38, K_bb = .78, K_ab = −.5 − .3 + .38 = −.42. With
+    e = (1, 2, 3) and d = (1, 0, −1): class {0, 1} (E = 3, D = 1) gives
+    K_aa (D E, D D, E E) = (1.14, .38, 3.42), class {2} (E = 3, D = −1) K_bb (−3, 1, 9) =
+    (−2.34, .78, 7.02), and the pairs (0, 2), (1, 2), (2, 0), (2, 1) K_ab (d_j e_l, d_j d_l,
+    e_j e_l) = (−1.26, .42, −1.26), (0, 0, −2.52), (.42, .42, −1.26), (.84, 0, −2.52): in all
+    (−1.2, 2, 2.88), |3 s_a + 3 s_b|² = 9 K_aa + 18 K_ab + 9 K_bb for the last. A second
+    token after the two a's (c and d, one state of its own, π = .5 each, Σπ² = .5):
+    K_cc = .5, K_cd = −.5; e = (1, 1), d = (2, 0): classes (2 · .5, 4 · .5, .5) and (0, 0, .5),
+    pairs (0, 1) −.5 (2, 0, 1) and (1, 0) −.5 (0, 0, 1): in all (0, 2, 0). The diagonal: each
+    token with itself."""
     batch = lp.RolloutBatch.from_lists([[0, 2], [0, 3], [1]], [0.0, 0.0, 0.0], [0, 0, 0],
                                        logprobs=[[math.log(0.5)] * 2, [math.log(0.5)] * 2, [math.log(0.3)]],
                                        sum_pi_squared=[[0.38, 0.5], [0.38, 0.5], [0.38]])
@@ -506,25 +542,49 @@ def test_kernel_statistics_by_hand():
     shared, partners = shared_prefix_lengths(batch, prefixes)
     base = torch.tensor([[1.0, 1.0], [2.0, 1.0], [3.0, 0.0]])
     move = torch.tensor([[1.0, 2.0], [0.0, 0.0], [-1.0, 0.0]])
-    u = -torch.expm1(batch.logprobs) * batch.mask  # 1 − π, as tree_otb computes it
+    u = -torch.expm1(batch.logprobs) * batch.mask  # 1 − π
     v = (1 - batch.sum_pi_squared) * batch.mask
-    statistics = kernel_statistics(batch, prefixes, shared, partners, base, move, u, v, torch.full((3, 2), 7), 8)
-    # float32 products and sums of about ten terms of size <= 10: a few ulps of 10
-    assert statistics[0, 7].tolist() == pytest.approx([-1.2, 4.0, 2.88], abs=1e-5)
-    assert bool((statistics[0, :7] == 0).all())
+    terms = kernel_terms(batch, prefixes, shared, partners, base, move, (2 * u - v).clamp(min=0), v)
+    # float32 products of a few numbers of size <= 10: rounded to 5 decimals, far above their ulps
+    classes = sorted(tuple(round(x, 5) for x in unit) for unit in terms.classes.reshape(3, -1).T.tolist() if any(unit))
+    assert classes == sorted([(1.14, 0.38, 3.42), (-2.34, 0.78, 7.02), (1.0, 2.0, 0.5), (0.0, 0.0, 0.5)])
+    pairs = sorted(tuple(round(x, 5) for x in unit) for unit in terms.pairs.reshape(3, -1).T.tolist() if any(unit))
+    assert pairs == sorted([(-1.26, 0.42, -1.26), (0.0, 0.0, -2.52), (0.42, 0.42, -1.26), (0.84, 0.0, -2.52),
+                            (-1.0, 0.0, -0.5), (0.0, 0.0, -0.5)])
+    totals = terms.classes.sum(dim=(1, 2, 3)) + terms.pairs.sum(dim=(1, 2))
+    assert totals.tolist() == pytest.approx([-1.2, 4.0, 2.88], abs=1e-5)
+    # each token with itself, w (d e, d d, e e): K_aa = .38, K_bb = .78 and K_cc = .5
+    assert terms.diagonal.permute(1, 2, 0).tolist() == [
+        [pytest.approx([0.38] * 3, abs=1e-6), pytest.approx([1.0, 2.0, 0.5], abs=1e-6)],
+        [pytest.approx([0.0, 0.0, 1.52], abs=1e-6), pytest.approx([0.0, 0.0, 0.5], abs=1e-6)],
+        [pytest.approx([-2.34, 0.78, 7.02], abs=1e-6), pytest.approx([0.0] * 3, abs=1e-6)]]
 
 
-def test_cross_fitted_weights_by_hand():
-    """Four groups, one kind, statistics (Σ d K e, Σ d K d, Σ e K e) = (−2, 4, 2),
-    (−1, 1, 1), (−3, 6, 3), (0, 2, 4): divided by the last, (N, D) = (−1, 2), (−1, 1),
-    (−1, 2), (0, .5). Group 3 learns from groups 0–2: λ = 3 / 5 = .6, residuals
-    N + .6 D = .2, −.4, .2, standard error √.24 / 5 = .09798: λ = .50202. Group 0 from
-    groups 1–3: λ = 2 / 3.5 = .57143, residuals −.42857, .14286, .28571, error
-    √.28571 / 3.5 = .15272: λ = .41871. With group 1 unusable (all rewards equal), group 0
-    has two groups left (fewer than three): 0."""
-    statistics = torch.tensor([[[-2.0, 4.0, 2.0]], [[-1.0, 1.0, 1.0]], [[-3.0, 6.0, 3.0]], [[0.0, 2.0, 4.0]]],
-                              dtype=torch.float64)
-    weights = cross_fitted_weights(statistics, torch.ones(4, dtype=torch.bool))
-    assert weights[3, 0].item() == pytest.approx(0.6 - 0.24 ** 0.5 / 5, abs=1e-9)
-    assert weights[0, 0].item() == pytest.approx(2 / 3.5 - (0.18367347 + 0.02040816 + 0.08163265) ** 0.5 / 3.5, abs=1e-7)
-    assert cross_fitted_weights(statistics, torch.tensor([True, False, True, True]))[0, 0].item() == 0.0
+def test_pooled_weight_by_hand():
+    """Two groups of two responses, one position, one class unit and one diagonal unit
+    each, no pairs. Group 0: class (n, d, e) = (−2, 4, 2) (so Z = 2), diagonal
+    (−1.5, 2.5, 1.5): its variance coefficients (K diag − Q) / (K − 1) = (−1, 1), over Z
+    (−.5, .5). Group 1: class (−1, 2, 1) (Z = 1), diagonal (−1, 2, .5): (−1, 2). The fit
+    λ̂ = 1.5 / 2.5 = .6; the units' residuals n + λ̂ d times their coefficients
+    (a class −1/((K − 1) Z), a diagonal K/((K − 1) Z)): group 0 .4 · −.5 and 0 · 1, group 1
+    .2 · −1 and .2 · 2, standard error √.24 / 2.5: λ = .40404. Group 0 alone (group 1's
+    rewards all equal) fits λ̂ = 1 with an error of 2√2: 0. Group 1 alone (group 0's Z
+    scaled under 1e-4 of the largest) fits .5 with no residual; with no move, 0."""
+    def terms(groups: list[tuple[list[float], list[float]]]) -> KernelTerms:  # (class unit, diagonal unit) each
+        classes = torch.zeros(3, len(groups), 2, 1)
+        diagonal = torch.zeros(3, 2 * len(groups), 1)
+        for g, (unit, own) in enumerate(groups):
+            classes[:, g, 0, 0] = torch.tensor(unit)
+            diagonal[:, 2 * g, 0] = torch.tensor(own)
+        return KernelTerms(classes, torch.zeros(3, 2 * len(groups), 2), diagonal)
+
+    layout = lp.RolloutBatch.from_lists([[1]] * 4, [0.0, 1.0, 0.0, 1.0], [0, 0, 1, 1]).groups
+    units = [([-2.0, 4.0, 2.0], [-1.5, 2.5, 1.5]), ([-1.0, 2.0, 1.0], [-1.0, 2.0, 0.5])]
+    both = torch.tensor([True, True])
+    # float32 units of size <= 4: the weight to a few ulps
+    assert pooled_weight(terms(units), layout, both).item() == pytest.approx(0.6 - 0.24 ** 0.5 / 2.5, abs=1e-6)
+    assert pooled_weight(terms(units), layout, torch.tensor([True, False])).item() == 0.0
+    tiny = [tuple([x * 1e-5 for x in unit] for unit in units[0]), units[1]]  # Z_0 = 2e-5, under 1e-4 of Z_1 = 1
+    assert pooled_weight(terms(tiny), layout, both).item() == pytest.approx(0.5, abs=1e-6)
+    still = [([0.0, 0.0, unit[2]], [0.0, 0.0, own[2]]) for unit, own in units]
+    assert pooled_weight(terms(still), layout, both).item() == 0.0

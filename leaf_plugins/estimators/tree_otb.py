@@ -3,23 +3,25 @@
 The baseline that minimises the policy gradient's variance at a state ``s`` is
 ``b*(s) = E[w Q(s, a)] / E[w]`` with ``w = 1 − 2π(a|s) + Σπ²``: where rare tokens cost
 reward (a wrong word), it sits below the state's value ``V(s)``. Tree OTB estimates it
-as ``b = f + κ · (V̂(s) − f)``:
+for response ``i`` as ``b = f + κ · (V̂(s) − f)``:
 
 * ``V̂(s)``: the shrunk leave-one-out value of the deepest retained node on the
   response's path at or before the token (``tree_baselines``), the others that share its
   prefix;
 * ``κ``: how far below the value the score-weighted return lies, for states of the
-  token's kind, learnt from the *other groups* of the batch:
-  ``κ = Σ (w + ridge) (r − f) / Σ (w + ridge) (r̄_group − f)`` over their tokens whose
-  state has a similar ``1 − Σπ²`` (bins ``KAPPA_EDGES``); 1 when the batch has no other
-  group. ``ridge`` 0 weighs by the score's squared norm alone (the variance-optimal
-  baseline); a ridge also weighs every token's squared advantage, which pulls the
-  baseline of near-deterministic states (``w`` ≈ 0) toward their value and keeps their
-  advantages small (``RIDGE``, chosen by the credit benchmark);
-* ``f``: the lowest reward of the other groups (the origin of the ratio, so that shifting
-  all rewards shifts the baseline with them).
+  token's kind, learnt from *every other response* of the call (its own group's others
+  and the other groups'):
+  ``κ = Σ_j (w + ridge) (r_j − f) / Σ_j (w + ridge) (r̄_{g(j)} − f)`` over their tokens whose
+  state has a similar ``1 − Σπ²`` (bins ``KAPPA_EDGES``), ``r̄_{g(j)}`` the mean reward of
+  ``j``'s group without response ``i``; 1 where no other response weighs in. ``ridge`` 0
+  weighs by the score's squared norm alone (the variance-optimal baseline); a ridge also
+  weighs every token's squared advantage, which pulls the baseline of near-deterministic
+  states (``w`` ≈ 0) toward their value and keeps their advantages small (``RIDGE``,
+  chosen by the credit benchmark);
+* ``f``: the lowest reward of the other responses (the origin of the ratio, so that
+  shifting all rewards shifts the baseline with them).
 
-None of these depends on the response's own tokens from the token on or on its reward:
+None of these depends on response ``i``'s own tokens from the token on or on its reward:
 the baseline is unbiased. With ``own_share`` (the default), the advantage is then
 multiplied by ``1 − W_i,t / Σ_j W_j,t`` (``W`` the cumulative weights of the group's
 responses still running), which is verl's OTB including the response's own return in
@@ -29,6 +31,10 @@ With ``prefix_mean`` (the default) every token gets the mean of that advantage o
 responses that share its prefix through it (``prefix_intervals``): the same batch
 gradient, without the part of the advantage that only says which continuation the
 response took.
+
+The result moves from OTB's advantage toward that one by ``tree_weight`` ``λ``: a number,
+or (``auto``) one weight fitted on the call's responses to minimise the gradient's
+variance (``mixing_weights``).
 """
 
 from __future__ import annotations
@@ -42,12 +48,12 @@ import torch
 from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.core.hookspecs import hookimpl
 from leaf_plugins.core.tree import Nodes
-from leaf_plugins.estimators.machinery.group_stats import group_extreme, group_mean, group_sum, per_response
+from leaf_plugins.estimators.machinery.group_stats import group_extreme, group_sum, per_response
 from leaf_plugins.estimators.machinery.node_shrinkage import node_shrink
 from leaf_plugins.estimators.machinery.tree_baselines import path_baselines
 from leaf_plugins.estimators.tree_rloo import TreeRLOO, TreeRLOOParams, group_scale
 from leaf_plugins.estimators.otb import real_tokens, replaced_reward_advantages, stable_token_weights
-from leaf_plugins.estimators.machinery.mixing_weights import cross_fitted_weights, kernel_statistics
+from leaf_plugins.estimators.machinery.mixing_weights import kernel_terms, pooled_weight
 from leaf_plugins.estimators.machinery.prefix_intervals import PathIntervals, path_intervals, shared_prefix_lengths
 from leaf_plugins.estimators.machinery.prefixes import SortedPrefixes
 from leaf_plugins.estimators.machinery.scratch import scratch
@@ -88,8 +94,8 @@ class TreeOTBParams(TreeRLOOParams):
         "help": "weight every token adds to its score weight in kappa (0: the variance-optimal baseline; "
                 "larger: closer to the state value)"})
     tree_weight: float | Literal["auto"] = field(default="auto", metadata={
-        "help": "share of the prefix tree's advantage a token keeps over OTB's: auto (learnt per kind of state "
-                "from the other groups) or a number in [0, 1] (1: the tree alone)"})
+        "help": "share of the prefix tree's advantage a token keeps over OTB's: auto (one weight fitted on the "
+                "call's responses to lower the gradient's variance) or a number in [0, 1] (1: the tree alone)"})
 
     def __post_init__(self) -> None:
         if not (0 <= self.ridge < math.inf):
@@ -100,8 +106,8 @@ class TreeOTBParams(TreeRLOOParams):
 
 
 class TreeOTB(TreeRLOO):
-    """Tree OTB: OTB's advantage moved toward the prefix tree's as far as the other groups
-    of the batch say it helps, per kind of state."""
+    """Tree OTB: OTB's advantage moved toward the prefix tree's as far as the call's
+    responses say it lowers the gradient's variance."""
 
     parameters = TreeOTBParams
 
@@ -118,22 +124,25 @@ class TreeOTB(TreeRLOO):
             intervals = path_intervals(batch, baselines.bounds, shared if params.prefix_mean else None)  # E+1 each
             token_interval = intervals.token_intervals(batch.width)  # [N, T] int32
             slot = token_slots(spread, token_interval)  # [N, T] (interval, lane, kind)
-            lowest = _other_groups_floor(batch)  # [G] f
-            ridged = weights.add(real, alpha=params.ridge) if params.ridge else weights  # [N, T] w + ridge
+            lowest = _other_responses_floor(batch)  # [N] f
+            ridged = (torch.add(weights, real, alpha=params.ridge,
+                                out=scratch("tree_otb ridged", tuple(weights.shape), weights.dtype, weights.device))
+                      if params.ridge else weights)  # [N, T] w + ridge
             kappa = value_ratios(batch, ridged, slot, intervals.count, lowest)  # [N, kinds] κ
             scale = per_response(group_scale(batch, params), layout)  # [N] c
             table = _advantage_table(batch, baselines.values, intervals, kappa, lowest, scale, params)  # [N, slots]
             if params.tree_weight != 1:
                 rewards = intervals.class_means(batch.rewards.double().unsqueeze(1)).float()  # [N, E+1] class means
-                otb = _otb_advantages(batch, rewards.gather(1, token_interval.long()), weights, scale, params)
+                per_slot = rewards.unsqueeze(2).expand(-1, -1, LANES * KINDS).reshape(batch.size, -1)  # as the table
+                otb = _otb_advantages(batch, torch.gather(per_slot, 1, slot), weights, scale, params)
             share = _own_share(batch, weights, real) if params.own_share else None  # [N, T] W_i / Σ_j W_j
             if params.tree_weight != 1:
                 tree = torch.gather(table, 1, slot)  # [N, T] the tree's advantage
                 if share is not None:
                     tree.addcmul_(tree, share, value=-1)
                 move = tree.sub_(otb)  # [N, T] from OTB's advantage to the tree's
-                weight = (_learnt_weights(batch, prefixes, shared, otb, move, spread, real, slot) if learnt
-                          else torch.full_like(move, float(params.tree_weight)))  # [N, T] λ
+                weight = (_learnt_weight(batch, prefixes, shared, otb, move, weights, spread) if learnt
+                          else move.new_tensor(float(params.tree_weight)))  # [] λ
         # out of inference mode: the result is an ordinary tensor
         if params.tree_weight != 1:
             return torch.addcmul(otb, weight, move)  # [N, T] OTB's advantage + λ (tree's − OTB's)
@@ -154,25 +163,21 @@ def _otb_advantages(batch: RolloutBatch, rewards: torch.Tensor, weights: torch.T
     return advantage.div_(divisor)
 
 
-def _learnt_weights(batch: RolloutBatch, prefixes: SortedPrefixes | None,
-                    shared: tuple[torch.Tensor, torch.Tensor] | None,
-                    base: torch.Tensor, move: torch.Tensor, spread: torch.Tensor, real: torch.Tensor,
-                    slot: torch.Tensor) -> torch.Tensor:
-    """``[N, T]`` float32 λ of every token: the weight its group learns from the other
-    groups (``mixing_weights``) for its kind of state (``slot``'s bin of ``spread [N, T]``,
-    1 − Σπ²), between OTB's advantage ``base [N, T]`` and the tree's ``base + move``
-    (``prefixes`` and ``shared``: the lexicographic order and ``shared_prefix_lengths``);
-    0 for a batch of one response (``prefixes`` None)."""
+def _learnt_weight(batch: RolloutBatch, prefixes: SortedPrefixes | None,
+                   shared: tuple[torch.Tensor, torch.Tensor] | None,
+                   base: torch.Tensor, move: torch.Tensor, weights: torch.Tensor, spread: torch.Tensor) -> torch.Tensor:
+    """``[]`` float32 λ of the call (``mixing_weights``) between OTB's advantage
+    ``base [N, T]`` and the tree's ``base + move`` (``weights [N, T]``: the score weights
+    ``w``, ``spread [N, T]``: 1 − Σπ²; ``prefixes`` and ``shared``: the lexicographic
+    order and ``shared_prefix_lengths``); 0 for a batch of one response (``prefixes``
+    None)."""
     if prefixes is None or shared is None:
-        return torch.zeros_like(base)
+        return base.new_zeros(())
     layout = batch.groups
-    kinds = slot.bitwise_and(KINDS - 1) if KINDS & (KINDS - 1) == 0 else slot.remainder(KINDS)  # [N, T] bin of 1 − Σπ²
-    chosen = torch.expm1(batch.logprobs).neg_().mul_(real)  # [N, T] 1 − π of the sampled token
-    statistics = kernel_statistics(batch, prefixes, shared[0], shared[1], base, move, chosen, spread, kinds, KINDS)
+    terms = kernel_terms(batch, prefixes, shared[0], shared[1], base, move, weights, spread)
     rewards = batch.rewards.double()
     spread_out = group_extreme(rewards, layout, "amax", -torch.inf) > group_extreme(rewards, layout, "amin", torch.inf)
-    weights = cross_fitted_weights(statistics, spread_out)  # [G, kinds]
-    return per_response(weights, layout).float().gather(1, kinds)
+    return pooled_weight(terms, layout, spread_out).float()
 
 
 def token_slots(spread: torch.Tensor, intervals: torch.Tensor) -> torch.Tensor:
@@ -204,28 +209,37 @@ def token_slots(spread: torch.Tensor, intervals: torch.Tensor) -> torch.Tensor:
 
 def value_ratios(batch: RolloutBatch, weights: torch.Tensor, slot: torch.Tensor, intervals: int,
                  floor: torch.Tensor) -> torch.Tensor:
-    """``[N, kinds]`` float64 κ of each response's group for every kind of state, from
-    the other groups (see the module), measured from each group's ``floor [G]``
-    (``slot [N, T]`` of ``token_slots`` on ``intervals`` intervals per response).
+    """``[N, kinds]`` float64 κ of each response for every kind of state, from every
+    other response of the call (see the module), measured from each response's
+    ``floor [N]`` (``slot [N, T]`` of ``token_slots`` on ``intervals`` intervals per
+    response).
 
     Rewards are constant along a response, so each response's weight per kind,
-    ``Σ_t w [kind]`` ``[N, kinds]``, is all the ``[N, T]`` data needed. It is summed in
+    ``W_j = Σ_t w [kind]`` ``[N, kinds]``, is all the ``[N, T]`` data needed. It is summed in
     float32 (at most T positive terms: a relative error below ``T · 2⁻²⁴``, 6e-5 at
     T = 1024, far less in practice, and the same in κ's numerator and denominator); the
-    sums over responses and groups, where cancellation can happen, in float64.
+    sums over responses and groups, where cancellation can happen, in float64. Leaving
+    response ``i`` out is a subtraction from the call's sums: the numerator
+    ``Σ_{j≠i} W_j r_j``, and the denominator's own-group part
+    ``(Σ_{j∈g} W_j − W_i) · r̄_{g,−i}`` beside the other groups' ``Σ_{h≠g} Σ_{j∈h} W_j r̄_h``.
     """
     layout = batch.groups
     slots = torch.zeros(batch.size, intervals * LANES, KINDS, dtype=weights.dtype, device=batch.device)
     slots.view(batch.size, -1).scatter_add_(1, slot, weights)  # [N, intervals · LANES, kinds]
-    per_response_weight = slots.sum(dim=1).double()  # [N, kinds] Σ_t w per kind (0 on padding)
+    weight = slots.sum(dim=1).double()  # [N, kinds] W_j: Σ_t w per kind (0 on padding)
     rewards = batch.rewards.double()  # [N]
-    terms = torch.stack([rewards, per_response(group_mean(rewards, layout), layout), torch.ones_like(rewards)], dim=1)
-    sums = group_sum(terms.unsqueeze(2) * per_response_weight.unsqueeze(1), layout)  # [G, 3, k] Σ w r, Σ w r̄, Σ w
-    others = sums.sum(dim=0) - sums  # every group but this one
-    # [G, k] each: Σ w (r − f), Σ w (r̄ − f)
-    above, below = (others[:, :2] - floor.view(-1, 1, 1) * others[:, 2:]).unbind(dim=1)
-    ratio = torch.where(below > 1e-12 * others[:, 2].clamp(min=1e-300), above / below.clamp(min=1e-300), 1.0)
-    return per_response(ratio, layout)
+    group_total = group_sum(rewards, layout)  # [G]
+    group_weight = group_sum(weight, layout)  # [G, kinds]
+    mean_weighted = group_weight * (group_total / layout.sizes.double()).unsqueeze(1)  # [G, kinds] Σ_{j∈h} W_j r̄_h
+    others_weight = weight.sum(dim=0) - weight  # [N, kinds] Σ_{j≠i} W_j
+    above = (weight * rewards.unsqueeze(1)).sum(dim=0) - weight * rewards.unsqueeze(1)  # [N, kinds] Σ_{j≠i} W_j r_j
+    others_in_group = per_response(layout.sizes, layout).double() - 1  # [N]
+    mean_without = (per_response(group_total, layout) - rewards) / others_in_group.clamp(min=1)  # [N] r̄_{g,−i}
+    below = (mean_weighted.sum(dim=0) - per_response(mean_weighted, layout)
+             + (per_response(group_weight, layout) - weight) * mean_without.unsqueeze(1))  # [N, kinds]
+    origin = floor.unsqueeze(1) * others_weight  # [N, kinds] Σ_{j≠i} W_j f_i
+    above, below = above - origin, below - origin
+    return torch.where(below > 1e-12 * others_weight.clamp(min=1e-300), above / below.clamp(min=1e-300), 1.0)
 
 
 def _advantage_table(batch: RolloutBatch, values: torch.Tensor, intervals: PathIntervals, kappa: torch.Tensor,
@@ -233,41 +247,42 @@ def _advantage_table(batch: RolloutBatch, values: torch.Tensor, intervals: PathI
     """``[N, (E+1) · LANES · kinds]`` float32 advantage before the own share of every
     slot of ``token_slots``: the mean over the interval's prefix class of
     ``((r − f) − κ (V̂ − f)) / c`` (``values [N, D+1]`` V̂ on each path segment,
-    ``kappa [N, kinds]`` κ, ``lowest [G]`` f, ``scale [N]`` c; κ, f and c are the same for
-    the whole class), in float64 and then rounded; 0 on the padding and, without the own share,
-    for a response alone in its group."""
+    ``kappa [N, kinds]`` κ and ``lowest [N]`` f of each member, ``scale [N]`` c, the same
+    for the whole class), in float64 and then rounded; 0 on the padding and, without the
+    own share, for a response alone in its group."""
     layout = batch.groups
-    floor = per_response(lowest, layout).unsqueeze(1)  # [N, 1]
+    floor = lowest.unsqueeze(1)  # [N, 1]
     columns = torch.cat([batch.rewards.double().unsqueeze(1), values], dim=1).sub_(floor)  # [N, D+2] r − f, V̂ − f
     if params.scale != "none":
         columns.div_(scale.unsqueeze(1))
     above = intervals.class_means(columns[:, :1])  # [N, E+1]
-    spread = intervals.class_means(columns[:, 1:])  # [N, E+1]
-    table = (above.unsqueeze(2) - kappa.unsqueeze(1) * spread.unsqueeze(2)).float()  # [N, E+1, kinds]
+    below = intervals.class_means_times(columns[:, 1:], kappa)  # [N, E+1, kinds] class mean of κ (V̂ − f)
+    table = (above.unsqueeze(2) - below).float()  # [N, E+1, kinds]
     table.mul_((intervals.segment < values.shape[1]).unsqueeze(2))  # 0 on the padding
     if not params.own_share:  # a response alone has no other to learn from: 0, as with its own share
         table.mul_((per_response(layout.sizes, layout) > 1).view(-1, 1, 1))
     return table.unsqueeze(2).expand(-1, -1, LANES, -1).reshape(batch.size, -1)
 
 
-def _other_groups_floor(batch: RolloutBatch) -> torch.Tensor:
-    """``[G]`` the lowest reward outside each group (0 when the batch has one group: the
-    ratio is then 1 and the origin does not matter)."""
-    layout = batch.groups
-    lowest = group_extreme(batch.rewards.double(), layout, "amin", empty=torch.inf)  # [G]
-    if layout.count < 2:
-        return torch.zeros_like(lowest)
-    two = lowest.topk(2, largest=False)
-    return torch.where(torch.arange(layout.count, device=batch.device) == two.indices[0], two.values[1], two.values[0])
+def _other_responses_floor(batch: RolloutBatch) -> torch.Tensor:
+    """``[N]`` float64 the lowest reward of the call's other responses (0 for a call of
+    one response: it has no baseline to shift)."""
+    rewards = batch.rewards.double()
+    if batch.size < 2:
+        return torch.zeros_like(rewards)
+    two = rewards.topk(2, largest=False)
+    first = torch.arange(batch.size, device=batch.device) == two.indices[0]
+    return torch.where(first, two.values[1], two.values[0])
 
 
 def _own_share(batch: RolloutBatch, weights: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     """``[N, T]`` float32 ``W_i,t / Σ_j W_j,t`` over the group's responses running at t
-    (W the cumulative weights; 0 on padding, ``real`` the float32 mask), written over
-    ``weights``. float32 throughout: ``W`` sums at most T positive weights (relative
-    error below ``T · 2⁻²⁴``)."""
+    (W the cumulative ``weights``; 0 on padding, ``real`` the float32 mask), in the scratch
+    buffer ``"tree_otb own share"``. float32 throughout: ``W`` sums at most T positive
+    weights (relative error below ``T · 2⁻²⁴``)."""
     layout = batch.groups
-    cumulative = weights.cumsum_(dim=1).mul_(real)  # [N, T]
+    cumulative = torch.cumsum(weights, dim=1, out=scratch("tree_otb own share", tuple(weights.shape), weights.dtype,
+                                                              weights.device)).mul_(real)  # [N, T]
     total = group_sum(cumulative, layout).clamp_(min=1e-30)  # [G, T]
     if layout.uniform_size:  # broadcast over each group's K rows instead of copying [G, T] to [N, T]
         cumulative.view(layout.count, layout.uniform_size, -1).div_(total.unsqueeze(1))

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from leaf_plugins.core.batch import RolloutBatch
+from leaf_plugins.estimators.machinery.scratch import scratch
 from leaf_plugins.estimators.machinery.prefixes import SortedPrefixes, range_minima
 
 __all__ = ["PathIntervals", "path_intervals", "shared_prefix_lengths"]
@@ -52,9 +53,10 @@ class PathIntervals:
 
     def token_intervals(self, width: int) -> torch.Tensor:
         """``[N, T]`` int32 interval of every token: the number of events at or before it
-        (one scatter of the events and one running sum, not one compare per event)."""
+        (one scatter of the events and one running sum, not one compare per event), in the
+        scratch buffer ``"token intervals"``."""
         rows = self.events.shape[0]
-        marks = torch.zeros(rows, width + 1, dtype=torch.int32, device=self.events.device)  # [N, T+1]
+        marks = scratch("token intervals", (rows, width + 1), torch.int32, self.events.device).zero_()  # [N, T+1]
         marks.scatter_add_(1, self.events, torch.ones_like(self.events, dtype=torch.int32))
         return marks[:, :width].cumsum_(dim=1, dtype=torch.int32) if width else marks[:, :0]
 
@@ -63,12 +65,27 @@ class PathIntervals:
         ``per_segment [N, S]`` on the interval's path segment (clamped to ``S − 1``: a
         per-response value is ``[N, 1]``). The members share the response's tokens up to
         the interval, so they are on the same segment of the same path."""
+        values, mask = self._member_values(per_segment)  # [N, E+1, K] each
+        return (values * mask).sum(dim=2) / mask.sum(dim=2).clamp(min=1)
+
+    def class_means_times(self, per_segment: torch.Tensor, per_member: torch.Tensor) -> torch.Tensor:
+        """``[N, E+1, C]`` the mean, over each interval's class, of the members' values
+        ``per_segment [N, S]`` on the interval's path segment times their rows
+        ``per_member [N, C]``: one batched product of ``[E+1, K]`` by ``[K, C]`` per
+        response, not a ``[N, E+1, K, C]`` table."""
+        values, mask = self._member_values(per_segment)  # [N, E+1, K] each
+        partners = self.partners.shape[1]
+        rows = per_member.index_select(0, self.partners.reshape(-1)).view(-1, partners, per_member.shape[1])  # [N, K, C]
+        return torch.bmm(values.mul_(mask), rows).div_(mask.sum(dim=2, keepdim=True).clamp(min=1))
+
+    def _member_values(self, per_segment: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``([N, E+1, K], [N, E+1, K])``: each partner's value ``per_segment [N, S]`` on
+        each interval's path segment, and whether it is in the interval's class (1.0 / 0.0)."""
         partners = self.partners.shape[1]
         rows = per_segment.index_select(0, self.partners.reshape(-1)).view(-1, partners, per_segment.shape[1])
         index = self.segment.clamp(max=per_segment.shape[1] - 1).unsqueeze(1).expand(-1, partners, -1)
         values = rows.gather(2, index).transpose(1, 2)  # [N, E+1, K]
-        mask = self.members.to(per_segment.dtype)  # [N, E+1, K]
-        return (values * mask).sum(dim=2) / mask.sum(dim=2).clamp(min=1)
+        return values, self.members.to(per_segment.dtype)
 
 
 @torch.inference_mode()
