@@ -92,7 +92,8 @@ class KernelTerms:
     last slot in the lexicographic order (0 elsewhere), and ``pairs [3, N, K]`` one per
     response and partner where the two part (0 elsewhere); and the diagonal,
     ``diagonal [3, N, T]`` one per token with itself (``w (d e, d d, e e)``), which the
-    class units include."""
+    class units include. ``classes`` and ``diagonal`` are scratch buffers: valid until the
+    next ``kernel_terms`` call in this thread."""
 
     classes: torch.Tensor
     pairs: torch.Tensor
