@@ -312,6 +312,7 @@ def test_batch_std_of_a_batch_without_spread_is_zero_not_a_blowup():
 def test_batch_std_is_scale_none_over_one_divisor_for_the_whole_batch(seed):
     """One divisor for every group: the batch gradient keeps its direction."""
     groups = policy_groups(seed)
+    assume(not reference.weights_near_thresholds(groups))  # as in the permutation and scale test
     batch, _ = batch_of(groups)
     divisor = reference.batch_scale(groups, std_floor=0.0, eps=1e-6)  # the pooled std, by hand
     for name in ("tree_rloo", "tree_otb"):
@@ -333,6 +334,9 @@ def test_permutation_shift_and_scale(seed):
     has weight, so there the shift stays in its advantage: it is checked on the tree
     alone and, for the mixture, on groups of policies with no such place."""
     groups = policy_groups(seed)
+    # near one of the learnt weight's thresholds its fit is mostly float32 rounding and may
+    # move further under another order or scale (docs/estimators.md, "a known limit")
+    assume(not reference.weights_near_thresholds(groups))
     batch, _ = batch_of(groups)
     order = torch.randperm(batch.size, generator=torch.Generator().manual_seed(seed))
     for name, params in (("tree_rloo", {}), ("tree_otb", {}), ("tree_otb", {"tree_weight": 1.0})):
@@ -553,11 +557,11 @@ def test_kernel_terms_by_hand():
                             (-1.0, 0.0, -0.5), (0.0, 0.0, -0.5)])
     totals = terms.classes.sum(dim=(1, 2, 3)) + terms.pairs.sum(dim=(1, 2))
     assert totals.tolist() == pytest.approx([-1.2, 4.0, 2.88], abs=1e-5)
-    # each token with itself, w (d e, d d, e e): K_aa = .38, K_bb = .78 and K_cc = .5
+    # each token with itself, w (d e, d d): K_aa = .38, K_bb = .78 and K_cc = .5
     assert terms.diagonal.permute(1, 2, 0).tolist() == [
-        [pytest.approx([0.38] * 3, abs=1e-6), pytest.approx([1.0, 2.0, 0.5], abs=1e-6)],
-        [pytest.approx([0.0, 0.0, 1.52], abs=1e-6), pytest.approx([0.0, 0.0, 0.5], abs=1e-6)],
-        [pytest.approx([-2.34, 0.78, 7.02], abs=1e-6), pytest.approx([0.0] * 3, abs=1e-6)]]
+        [pytest.approx([0.38] * 2, abs=1e-6), pytest.approx([1.0, 2.0], abs=1e-6)],
+        [pytest.approx([0.0, 0.0], abs=1e-6), pytest.approx([0.0, 0.0], abs=1e-6)],
+        [pytest.approx([-2.34, 0.78], abs=1e-6), pytest.approx([0.0] * 2, abs=1e-6)]]
 
 
 def test_pooled_weight_by_hand():
@@ -572,10 +576,10 @@ def test_pooled_weight_by_hand():
     scaled under 1e-4 of the largest) fits .5 with no residual; with no move, 0."""
     def terms(groups: list[tuple[list[float], list[float]]]) -> KernelTerms:  # (class unit, diagonal unit) each
         classes = torch.zeros(3, len(groups), 2, 1)
-        diagonal = torch.zeros(3, 2 * len(groups), 1)
+        diagonal = torch.zeros(2, 2 * len(groups), 1)
         for g, (unit, own) in enumerate(groups):
             classes[:, g, 0, 0] = torch.tensor(unit)
-            diagonal[:, 2 * g, 0] = torch.tensor(own)
+            diagonal[:, 2 * g, 0] = torch.tensor(own[:2])
         return KernelTerms(classes, torch.zeros(3, 2 * len(groups), 2), diagonal)
 
     layout = lp.RolloutBatch.from_lists([[1]] * 4, [0.0, 1.0, 0.0, 1.0], [0, 0, 1, 1]).groups

@@ -91,8 +91,8 @@ class KernelTerms:
     (float32): ``classes [3, G, K, T]`` one per prefix class and position, at the class's
     last slot in the lexicographic order (0 elsewhere), and ``pairs [3, N, K]`` one per
     response and partner where the two part (0 elsewhere); and the diagonal,
-    ``diagonal [3, N, T]`` one per token with itself (``w (d e, d d, e e)``), which the
-    class units include. ``classes`` and ``diagonal`` are scratch buffers: valid until the
+    ``diagonal [2, N, T]`` one per token with itself (``w (d e, d d)``: the variance's
+    coefficients need no ``w e e``), which the class units include. ``classes`` and ``diagonal`` are scratch buffers: valid until the
     next ``kernel_terms`` call in this thread."""
 
     classes: torch.Tensor
@@ -150,11 +150,10 @@ def kernel_terms(batch: RolloutBatch, prefixes: SortedPrefixes, shared: torch.Te
     torch.mul(weighted_d, class_e, out=classes[0])
     torch.mul(weighted_d, class_d, out=classes[1])
     torch.mul(class_e, ends, out=classes[2]).mul_(class_e)
-    diagonal = scratch("kernel_terms diagonal", (3, rows, width), base.dtype, device)  # each token with itself
+    diagonal = scratch("kernel_terms diagonal", (2, rows, width), base.dtype, device)  # each token with itself
     torch.mul(move, w, out=diagonal[1])  # w d
     torch.mul(diagonal[1], base, out=diagonal[0])
     diagonal[1].mul_(move)
-    torch.mul(w, base, out=diagonal[2]).mul_(base)
     # ---- the rest of the state: one term per pair (j, l) that parts at t = shared < T
     parting = (shared >= 0) & (shared < width)  # [N, K]
     at = shared.clamp(0, max(width - 1, 0))  # [N, K]
@@ -183,12 +182,12 @@ def pooled_weight(terms: KernelTerms, layout: GroupLayout, usable: torch.Tensor,
     sizes), the rest float64."""
     class_sums = terms.classes.sum(dim=3).double().sum(dim=2)  # [3, G]
     pair_sums = group_sum(terms.pairs.sum(dim=2).double().T, layout).T  # [3, G]
-    diagonal_sums = group_sum(terms.diagonal.sum(dim=2).double().T, layout).T  # [3, G]
+    diagonal_sums = group_sum(terms.diagonal.sum(dim=2).double().T, layout).T  # [2, G]
     full = class_sums + pair_sums  # [3, G]: N_g, D_g, Z_g = Q_g(0)
     size = full[2]
     responses = layout.sizes.double()  # [G] K
     others = (responses - 1).clamp(min=1)
-    cross, square = ((responses * diagonal_sums[:2] - full[:2]) / others).unbind(0)  # [G] each: N^V_g, D^V_g
+    cross, square = ((responses * diagonal_sums - full[:2]) / others).unbind(0)  # [G] each: N^V_g, D^V_g
     largest = torch.where(usable, size, 0.0).max() if size.numel() else size.new_zeros(())
     informative = usable & (size > SIZE_FLOOR * largest)  # [G] (Z_g = 0 when the largest is 0)
     scale = torch.where(informative, 1 / size.clamp(min=1e-300), 0.0)  # [G] 1 / Z_g
