@@ -221,7 +221,10 @@ SIZE_FLOOR, BELOW_FLOOR = 1e-4, 1e-4
 summed D/Z."""
 
 
-def _kernel_units(group: list[Response], e: list[list[float]], d: list[list[float]]):
+Unit = tuple[float, float, float]
+
+
+def _kernel_units(group: list[Response], e: list[list[float]], d: list[list[float]]) -> tuple[list[Unit], list[Unit]]:
     """The units of one group's ``(Σ d K e, Σ d K d, Σ e K e)``: per position ``t`` and
     prefix class ``C`` (the running responses that share tokens ``0 … t``),
     ``Σ_{j∈C} w_j · (d_j E_C, d_j D_C, e_j E_C)``; per ordered pair ``(j, l)`` in one state
