@@ -22,16 +22,16 @@ sys.path.insert(0, str(Path(__file__).parent))
 from batches import SIZES, synthetic_batch  # noqa: E402
 
 import leaf_plugins as lp  # noqa: E402
-from leaf_plugins.core.config import parse_overrides  # noqa: E402
+from leaf_plugins.bench.estimator_choice import parse_choice  # noqa: E402
+from leaf_plugins.core.errors import ConfigError  # noqa: E402
 
 
 def engine_of(spec: str) -> lp.Engine:
-    """``name`` or ``name:param=value,param=value``."""
-    name, _, params = spec.partition(":")
-    settings, errors = parse_overrides([item for item in params.split(",") if item])
-    if errors:
-        raise SystemExit(f"{spec}: " + "; ".join(errors))
-    return lp.Engine(name, {key: value for key, value, _ in settings})
+    """``name`` or ``name:param=value,param=value`` (``leaf bench``'s ``--estimator`` format)."""
+    try:
+        return parse_choice(spec).engine()
+    except ConfigError as error:
+        raise SystemExit(str(error)) from None
 
 
 def main() -> None:

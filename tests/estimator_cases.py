@@ -47,14 +47,19 @@ def random_groups(seed: int, max_groups: int = 4, max_k: int = 7, max_len: int =
         trunk = [rng.randrange(vocab) for _ in range(max_len)]
         group = []
         for _ in range(rng.randint(1, max_k)):
-            length = rng.randint(1, max_len)
-            cut = rng.randint(0, length)
-            tokens = trunk[:cut] + [rng.randrange(vocab) for _ in range(length - cut)]
-            reward = rng.choice([0.0, 0.5, 1.0, round(rng.random(), 3)])
-            surprisal = [rng.choice([0.1, 0.7, 2.0, rng.random() * 3]) for _ in tokens]
-            group.append(Response(tokens, reward, surprisal))
+            group.append(_branching_response(rng, trunk, rng.randint(1, max_len), vocab))
         groups.append(group)
     return groups
+
+
+def _branching_response(rng: random.Random, trunk: list[int], length: int, vocab: int) -> Response:
+    """A response of ``length`` tokens that leaves ``trunk`` at a random depth; a reward
+    and a surprisal with frequent ties."""
+    cut = rng.randint(0, length)
+    tokens = trunk[:cut] + [rng.randrange(vocab) for _ in range(length - cut)]
+    reward = rng.choice([0.0, 0.5, 1.0, round(rng.random(), 3)])
+    surprisal = [rng.choice([0.1, 0.7, 2.0, rng.random() * 3]) for _ in tokens]
+    return Response(tokens, reward, surprisal)
 
 
 def groups_with_short_twins(seed: int, max_groups: int = 4, max_k: int = 8, max_len: int = 12) -> list[list[Response]]:
@@ -72,11 +77,7 @@ def groups_with_short_twins(seed: int, max_groups: int = 4, max_k: int = 8, max_
                 reward = rng.choice([0.0, 1.0, round(rng.random(), 3)])
                 group.append(Response(list(short), reward, [rng.choice([0.1, 2.0, rng.random() * 3]) for _ in short]))
         for _ in range(rng.randint(1, max(1, max_k - len(group)))):
-            length = rng.randint(max_len // 2, max_len)
-            cut = rng.randint(0, length)
-            tokens = trunk[:cut] + [rng.randrange(3) for _ in range(length - cut)]
-            surprisal = [rng.choice([0.1, 0.7, 2.0, rng.random() * 3]) for _ in tokens]
-            group.append(Response(tokens, rng.choice([0.0, 0.5, 1.0, round(rng.random(), 3)]), surprisal))
+            group.append(_branching_response(rng, trunk, rng.randint(max_len // 2, max_len), 3))
         rng.shuffle(group)
         groups.append(group)
     return groups

@@ -150,6 +150,7 @@ def run_credit(args: argparse.Namespace) -> int:
     from leaf_plugins.bench.credit.learning import PROTOCOLS
     from leaf_plugins.bench.estimator_choice import EstimatorChoice, estimator_choices
     from leaf_plugins.bench.credit.plots import plot_cosines, plot_learning
+    from leaf_plugins.bench.credit.split import paired_report, report_regimes, report_table
     from leaf_plugins.bench.credit.sweep import (
         Settings, held_out_regimes, markdown_table, regimes, run_sweep, write_csv,
     )
@@ -168,18 +169,14 @@ def run_credit(args: argparse.Namespace) -> int:
             if not value > 0 or value == float("inf"):
                 raise ConfigError(f"--{name.replace('_', '-')} must be a positive finite number, got {value}")
             settings = replace(settings, **{name: value})
-    known = {regime.name: regime for regime in regimes() + held_out_regimes()}
-    for name in [] if args.report_set else args.regimes or []:
+    # --regimes names any regime of the sweep; with --report-set, any of the report set too
+    known = {regime.name: regime for regime in
+             regimes() + held_out_regimes() + (report_regimes() if args.report_set else [])}
+    for name in args.regimes or []:
         if name not in known:
             raise ConfigError(f"unknown regime {name!r}.{suggest(name, known)} Regimes: {', '.join(known)}")
     if args.report_set:
-        from leaf_plugins.bench.credit.split import paired_report, report_regimes, report_table
-
-        every = {regime.name: regime for regime in regimes() + held_out_regimes() + report_regimes()}
-        for name in args.regimes or []:
-            if name not in every:
-                raise ConfigError(f"unknown regime {name!r}.{suggest(name, every)} Regimes: {', '.join(every)}")
-        chosen = [every[name] for name in args.regimes] if args.regimes else report_regimes()
+        chosen = [known[name] for name in args.regimes] if args.regimes else report_regimes()
         if args.batch_groups is not None:
             if args.batch_groups < 1:
                 raise ConfigError(f"--batch-groups must be at least 1, got {args.batch_groups}")
