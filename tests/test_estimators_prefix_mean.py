@@ -31,6 +31,7 @@ def test_prefix_means_by_hand():
                                        surprisal=[[1, 1, 1]] * 3, logprobs=[[math.log(0.5)] * 3] * 3,
                                        sum_pi_squared=[[0.5] * 3] * 3)
     tree = {"fork_budget": 0, "own_share": False, "scale": "none", "tree_weight": 1.0}
+    # float32 advantages of size <= 1 rounded from float64 class means (about 6e-8): 1e-6 below
     plain = lp.estimate(batch, "tree_otb", prefix_mean=False, **tree).advantages
     assert plain[:, 0].tolist() == pytest.approx([0.75, -0.75, 0.0], abs=1e-6)
     got = lp.estimate(batch, "tree_otb", **tree).advantages
@@ -54,6 +55,7 @@ def test_ridge_by_hand():
     for ridge, kappa in ((0.0, 2 / 2.3), (1.0, 6 / 6.3)):
         got = lp.estimate(batch, "tree_otb", fork_budget=0, own_share=False, ridge=ridge, scale="none",
                           tree_weight=1.0).advantages
+        # κ from float32 weights of size ~1 (about 1e-7 relative), times 3, then a float32 advantage: 1e-6
         assert got[0, 0].item() == pytest.approx(1 - 3 * kappa, abs=1e-6)
 
 

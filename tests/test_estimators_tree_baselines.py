@@ -501,12 +501,13 @@ def test_tree_weight_mixes_the_two_advantages():
         tree = lp.estimate(batch, "tree_otb", tree_weight=1.0).advantages
         otb = lp.estimate(batch, "tree_otb", tree_weight=0.0).advantages
         quarter = lp.estimate(batch, "tree_otb", tree_weight=0.25).advantages
+        # the same float32 mix computed twice, of advantages of size <= ~2 (ulp 2.4e-7): 1e-6
         assert torch.allclose(quarter, otb + 0.25 * (tree - otb), atol=1e-6)
         learnt = lp.estimate(batch, "tree_otb").advantages
         step = tree - otb
         weight = float((learnt - otb).mul(step).sum() / step.square().sum())  # the λ that auto used
         assert 0 <= weight <= 1
-        assert torch.allclose(learnt, otb + weight * step, atol=1e-6)
+        assert torch.allclose(learnt, otb + weight * step, atol=1e-6)  # as above: one λ for every token
     assert 0 < weight < 1, "a group alone learns its weight: it needs no other group"
 
 
@@ -555,9 +556,10 @@ def test_kernel_terms_by_hand():
     pairs = sorted(tuple(round(x, 5) for x in unit) for unit in terms.pairs.reshape(3, -1).T.tolist() if any(unit))
     assert pairs == sorted([(-1.26, 0.42, -1.26), (0.0, 0.0, -2.52), (0.42, 0.42, -1.26), (0.84, 0.0, -2.52),
                             (-1.0, 0.0, -0.5), (0.0, 0.0, -0.5)])
-    totals = terms.classes.sum(dim=(1, 2, 3)) + terms.pairs.sum(dim=(1, 2))
+    totals = terms.classes.sum(dim=(1, 2, 3)) + terms.pairs.sum(dim=(1, 2))  # float32 sums of ~10 such terms
     assert totals.tolist() == pytest.approx([-1.2, 4.0, 2.88], abs=1e-5)
-    # each token with itself, w (d e, d d): K_aa = .38, K_bb = .78 and K_cc = .5
+    # each token with itself, w (d e, d d): K_aa = .38, K_bb = .78 and K_cc = .5 (float32
+    # products of two or three numbers of size <= 3: within a few ulps, 1e-6)
     assert terms.diagonal.permute(1, 2, 0).tolist() == [
         [pytest.approx([0.38] * 2, abs=1e-6), pytest.approx([1.0, 2.0], abs=1e-6)],
         [pytest.approx([0.0, 0.0], abs=1e-6), pytest.approx([0.0, 0.0], abs=1e-6)],
