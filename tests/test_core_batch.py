@@ -49,3 +49,37 @@ def test_select_and_with_rewards_keep_layout_consistent():
     part = batch.select(torch.tensor([2, 0]))
     assert part.tokens.tolist() == [[4, 5], [1, 2]] and part.groups.sizes.tolist() == [2]
     assert batch.with_rewards(torch.tensor([1.0, 2.0, 3.0])).rewards.tolist() == [1.0, 2.0, 3.0]
+
+
+def test_call_cache_computes_once_and_lives_for_one_estimator_call():
+    """A value several stages of one call ask for is computed once; the engine forgets it
+    when the call ends, so the next call (on the same batch) computes it again; a batch
+    with other rewards starts with an empty cache."""
+    import leaf_plugins as lp
+    from leaf_plugins.core.hookspecs import hookimpl
+
+    batch = RolloutBatch.from_lists([[1, 2], [1, 3]], [0.0, 1.0], [0, 0])
+    computed = []
+
+    def count() -> int:
+        computed.append(1)
+        return len(computed)
+
+    class Asking:  # asks in two stages and leaves the results to the estimator (returns None)
+        @hookimpl
+        def retain_nodes(self, batch, boundaries, params):  # noqa: ANN001
+            batch.call_cached("test.count", count)
+
+        @hookimpl
+        def compute_advantages(self, batch, nodes, params):  # noqa: ANN001
+            batch.call_cached("test.count", count)
+
+    assert batch.call_cached("test.count", count) == 1 and batch.call_cached("test.count", count) == 1
+    batch.clear_call_cache()
+    engine = lp.Engine("grpo", observers=[Asking()])
+    engine.estimate(batch)
+    assert len(computed) == 2  # once in the call, though two stages asked
+    engine.estimate(batch)
+    assert len(computed) == 3 and batch._call_cache == {}
+    batch.call_cached("test.count", count)
+    assert batch.with_rewards(torch.tensor([2.0, 3.0]))._call_cache == {}

@@ -114,3 +114,66 @@ def test_proof_on_column_pairs_rejects_a_collision_just_before_the_boundary(posi
     classes = _classes_at(tokens, position)
     assert exact_sorts, "the colliding hashes were never caught"
     assert classes.size.view(-1).tolist() == [1, 1]
+
+
+def test_int32_running_hashes_are_the_sums_modulo_2_32():
+    """int32 hashes (summed in int64, then narrowed) equal the sums of token times the
+    int32 multipliers in int32 arithmetic (wrapping modulo 2**32), the spare column
+    included."""
+    from leaf_plugins.estimators.machinery.prefixes import _odd_multipliers, running_hashes
+
+    tokens = torch.tensor([[2**31 - 1, -1, 7], [0, 5, 2**30]])
+    out = torch.empty(2, 4, dtype=torch.int32)
+    running_hashes(tokens, torch.int32, out=out)
+    multipliers = [int(m) for m in _odd_multipliers(4, torch.int32, "cpu")]
+    for row, found in zip(tokens.tolist(), out.tolist()):
+        total, expected = 0, []
+        for token, multiplier in zip(row + [0], multipliers):
+            total = (total + token * multiplier) % 2**32
+            expected.append(total - 2**32 if total >= 2**31 else total)
+        assert found == expected
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_lexicographic_order_equals_a_plain_sort_of_the_rows(seed):
+    """The hashed order (int32 hash rows compared as column pairs, or int64 ones where
+    token ids reach 2**31) has the same rows in the same places and the same adjacent
+    LCPs as a direct sort, at odd and even widths, with identical and empty responses."""
+    import random
+
+    import leaf_plugins as lp
+    from leaf_plugins.estimators.machinery.prefixes import SortedPrefixes
+
+    rng = random.Random(seed)
+    groups, size, width = rng.randint(1, 4), rng.randint(1, 6), rng.choice([0, 1, 2, 3, 8, 13])
+    large = seed % 4 == 0  # token ids past the int32 range: int64 hashes
+    rows = []
+    for _ in range(groups):
+        trunk = [rng.randint(0, 2) + (2**40 if large else 0) for _ in range(width)]
+        for _ in range(size):
+            cut, length = rng.randint(0, width), rng.randint(0, width)
+            rows.append((trunk[:cut] + [rng.randint(0, 2) for _ in range(width - cut)])[:length])
+    ids = [g for g in range(groups) for _ in range(size)]
+    rng.shuffle(ids)
+    batch = lp.RolloutBatch.from_lists(rows, [0.0] * len(rows), ids)
+    hashed, plain = SortedPrefixes.lexicographic(batch), SortedPrefixes.lexicographic_exact(batch)
+    assert torch.equal(batch.tokens[hashed.order], batch.tokens[plain.order])
+    assert torch.equal(hashed.lcp, plain.lcp) and torch.equal(hashed.group, plain.group)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_prefix_classes_read_off_the_order_equal_the_hashed_ones(seed):
+    """``PrefixClasses.from_order`` and ``at_boundaries`` agree on random groups (ragged
+    ones included) at used and unused boundaries."""
+    from estimator_cases import random_groups, to_batch
+    from leaf_plugins.estimators.machinery.prefix_classes import PrefixClasses
+    from leaf_plugins.estimators.machinery.prefixes import SortedPrefixes
+
+    batch, _ = to_batch(random_groups(seed, max_len=12), shuffle_seed=seed)
+    generator = torch.Generator().manual_seed(seed)
+    positions = torch.randint(-1, batch.width + 1, (batch.groups.count, 3), generator=generator).sort(dim=1).values
+    hashed = PrefixClasses.at_boundaries(batch, positions)
+    read = PrefixClasses.from_order(batch, positions, SortedPrefixes.lexicographic(batch))
+    real = (hashed.size > 0) | (read.size > 0)  # slots in a class in either
+    assert torch.equal(hashed.size, read.size) and torch.equal(hashed.reward_sum, read.reward_sum)
+    assert torch.equal(hashed.first[real], read.first[real])

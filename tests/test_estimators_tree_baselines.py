@@ -147,6 +147,19 @@ def test_tree_otb_matches_the_reference(seed):
                     atol=LEARNT_TOLERANCE if learnt else 2e-5)
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_tree_otb_nodes_read_off_the_order_equal_leafs(seed):
+    """tree_otb retains its nodes from the lexicographic order its advantages read anyway;
+    they are LEAF's nodes (found by prefix hashes), as with the order unused."""
+    groups = policy_groups(seed)
+    batch, _ = batch_of(groups, shuffle_seed=seed)
+    leaf = lp.estimate(batch, "tree_rloo").node_table
+    for params in ({}, {"prefix_mean": False, "tree_weight": 1.0}):  # from the order; by hashes
+        nodes = lp.estimate(batch, "tree_otb", **params).node_table
+        for field in ("group", "position", "value", "size", "path", "root_value"):
+            assert torch.equal(getattr(nodes, field), getattr(leaf, field)), (params, field)
+
+
 @pytest.mark.parametrize("stages", ["collision", "full_tree"])
 def test_any_boundary_stage_gives_the_reference_on_its_nodes(stages):
     """Collision boundaries, or every branching set of the trie: the same baselines on

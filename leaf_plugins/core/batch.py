@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 
@@ -17,6 +17,8 @@ PAD_TOKEN = -1
 
 PER_TOKEN_FIELDS = ("surprisal", "logprobs", "sum_pi_squared")
 """The optional per-token float fields of a batch, ``[N, T]`` each, 0 on padding."""
+
+Derived = TypeVar("Derived")
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,7 @@ class RolloutBatch:
     sum_pi_squared: torch.Tensor | None = None  # [N, T] float32: sum_v pi_old(v | x, y_<t)^2 (policy distribution)
     vocab_size: int | None = None  # optional bound: every token id is < vocab_size
     _layout: GroupLayout | None = field(default=None, repr=False, compare=False)
+    _call_cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._check_shapes()
@@ -186,6 +189,20 @@ class RolloutBatch:
         """``[N, T]`` bool, True on real tokens."""
         positions = torch.arange(self.width, device=self.device)
         return positions.unsqueeze(0) < self.lengths.unsqueeze(1)
+
+    def call_cached(self, key: str, compute: Callable[[], Derived]) -> Derived:
+        """``compute()``, computed once per estimator call and ``key``: structure that
+        several stages of one call read (the responses' lexicographic order, say) is
+        built by the first stage that asks for it. The engine clears the cache when the
+        call ends (``clear_call_cache``), so every call pays for what it uses. ``key``
+        names what is stored; a plugin should prefix its own keys with its name."""
+        if key not in self._call_cache:
+            self._call_cache[key] = compute()
+        return self._call_cache[key]
+
+    def clear_call_cache(self) -> None:
+        """Forget what ``call_cached`` stored."""
+        self._call_cache.clear()
 
     def to(self, device: torch.device | str) -> "RolloutBatch":
         """The same batch on another device."""

@@ -55,12 +55,15 @@ class Engine:
         The advantages are always finite: an estimator whose arithmetic overflows raises
         ``NonFiniteError`` naming the response, never returns a NaN."""
         hook = self.manager.hook
-        boundaries = hook.select_boundaries(batch=batch, params=self.params)
-        self._require(boundaries, "select_boundaries")
-        nodes = hook.retain_nodes(batch=batch, boundaries=boundaries, params=self.params)
-        self._require(nodes, "retain_nodes")
-        advantages = hook.compute_advantages(batch=batch, nodes=nodes, params=self.params)
-        self._require(advantages, "compute_advantages")
+        try:
+            boundaries = hook.select_boundaries(batch=batch, params=self.params)
+            self._require(boundaries, "select_boundaries")
+            nodes = hook.retain_nodes(batch=batch, boundaries=boundaries, params=self.params)
+            self._require(nodes, "retain_nodes")
+            advantages = hook.compute_advantages(batch=batch, nodes=nodes, params=self.params)
+            self._require(advantages, "compute_advantages")
+        finally:
+            batch.clear_call_cache()  # what the stages shared lives for this call only
         check_finite({"advantages": advantages}, batch.group_ids, f"estimator {self.name!r}",
                      "The batch is finite, so the estimator overflowed: rescale the rewards (|r| well below 1e38)")
         result = EstimateResult(advantages, boundaries, nodes, self.name)

@@ -30,7 +30,7 @@ class FullTree(LEAF):
 
     @hookimpl
     def retain_nodes(self, batch: RolloutBatch, boundaries: Boundaries, params: NodeParams) -> Nodes:
-        return trie_nodes(batch, SortedPrefixes.lexicographic(batch), params.min_group)
+        return trie_nodes(batch, SortedPrefixes.of(batch), params.min_group)
 
 
 @hookimpl

@@ -11,6 +11,7 @@ running (a group of one; the tail of a unique longest response, verl's
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -24,7 +25,8 @@ from leaf_plugins.estimators.grpo import GRPO
 from leaf_plugins.estimators.machinery.scratch import scratch
 
 __all__ = ["OTB", "optimal_token_advantages", "optimal_token_baselines", "path_weights", "token_weights",
-           "stable_token_weights", "real_tokens", "replaced_reward_advantages", "EPSILON", "INCONSISTENCY_TOLERANCE"]
+           "stable_token_weights", "real_tokens", "RunningWeights", "running_weights",
+           "replaced_reward_advantages", "EPSILON", "INCONSISTENCY_TOLERANCE"]
 
 EPSILON = 1e-8
 """verl's ``epsilon``, added to the denominator Σ_i W_{i,t} of the baseline."""
@@ -71,15 +73,35 @@ def optimal_token_advantages(batch: RolloutBatch) -> torch.Tensor:
     return torch.mul(centred, real).add_(0.0)
 
 
+@dataclass(frozen=True)
+class RunningWeights:
+    """The cumulative path weights of a batch's responses and their sums per group."""
+
+    cumulative: torch.Tensor  # [N, T] W_{i,t} = Σ_{u<=t} w_{i,u}, 0 on padding (a scratch buffer)
+    total: torch.Tensor  # [G, T] Σ_j W_{j,t} over the group's responses running at t
+
+
 @torch.inference_mode()
-def replaced_reward_advantages(batch: RolloutBatch, rewards: torch.Tensor, weights: torch.Tensor,
+def running_weights(batch: RolloutBatch, weights: torch.Tensor, real: torch.Tensor,
+                    precision: torch.dtype = torch.float32) -> RunningWeights:
+    """``W`` and its group sums from the token ``weights [N, T]`` (float32, 0 on padding;
+    ``real`` the float mask of ``real_tokens``) in ``precision``; ``cumulative`` lives in
+    the scratch buffer ``"otb running"``: valid until the next request for it."""
+    cumulative = scratch("otb running", tuple(weights.shape), precision, weights.device)  # [N, T]
+    torch.cumsum(weights, dim=1, dtype=precision, out=cumulative).mul_(real)
+    return RunningWeights(cumulative, group_sum(cumulative, batch.groups))
+
+
+@torch.inference_mode()
+def replaced_reward_advantages(batch: RolloutBatch, rewards: torch.Tensor, running: RunningWeights,
                                own_share: bool) -> torch.Tensor:
     """``[N, T]`` float32 OTB's advantage of every token with the response's own reward
     replaced by ``rewards [N, T]`` (float32 per token, e.g. the mean reward of the
-    responses that share its prefix through it), on the token ``weights [N, T]`` (float32,
-    0 on padding: ``stable_token_weights``, which keeps the weights of near-deterministic
-    tokens that ``token_weights``' float32 ``1 − 2π + Σπ²`` gets up to 10% wrong); 0 on
-    padding, a new tensor.
+    responses that share its prefix through it), on the ``running`` weights of
+    ``running_weights`` (from ``stable_token_weights``, which keeps the weights of
+    near-deterministic tokens that ``token_weights``' float32 ``1 − 2π + Σπ²`` gets up to
+    10% wrong); 0 on padding. With ``own_share`` the result is written over ``rewards``;
+    ``running`` is left as it was.
 
     With ``own_share`` (verl's OTB, the response's own return in its baseline) the
     baseline is ``Σ_j W_j r_j / Σ_j W_j`` over the group's responses running at ``t``, 0
@@ -89,22 +111,27 @@ def replaced_reward_advantages(batch: RolloutBatch, rewards: torch.Tensor, weigh
     ``(Σ_j W_j r_j − W_i ρ) / (Σ_j W_j − W_i)`` (``ρ`` the replaced reward; for ``ρ = r_i``
     the W-weighted mean reward of the others), 0 where the others running have no weight
     (among them a response alone): that baseline depends on neither the response's
-    tokens from ``t`` on nor its reward. ``W`` and the sums are float32 with the share (at
+    tokens from ``t`` on nor its reward. ``running`` should be float32 with the share (at
     most ``T`` positive terms in ``W``, a relative error below ``T · 2⁻²⁴``, as in
     ``optimal_token_baselines``) and float64 without (``Σ_j W_j − W_i`` cancels)."""
     real = real_tokens(batch)  # [N, T]
     layout = batch.groups
-    precision = torch.float32 if own_share else torch.float64
-    cumulative = weights.to(precision, copy=True).cumsum_(dim=1).mul_(real)  # [N, T] W (weights untouched)
-    total = group_sum(cumulative, layout)  # [G, T] Σ_j W_j
-    weighted = group_sum(cumulative * batch.rewards.to(precision).unsqueeze(1), layout)  # [G, T] Σ_j W_j r_j
+    cumulative, total = running.cumulative, running.total  # [N, T], [G, T]
+    weighted_rewards = scratch("otb weighted rewards", tuple(cumulative.shape), cumulative.dtype, cumulative.device)
+    torch.mul(cumulative, batch.rewards.to(cumulative.dtype).unsqueeze(1), out=weighted_rewards)  # [N, T] W_j r_j
+    weighted = group_sum(weighted_rewards, layout)  # [G, T] Σ_j W_j r_j
     if own_share:
         baseline = torch.where(total > 0, weighted.div_(total.clamp(min=1e-30)), 0.0)  # [G, T]
         positions = torch.arange(batch.width, device=batch.device)
         baseline.masked_fill_(positions >= _second_longest(batch.lengths, layout).unsqueeze(1), 0.0)
-        return rewards.sub(baseline.index_select(0, layout.index)).mul_(real)
+        if layout.uniform_size:  # broadcast over each group's K rows instead of copying [G, T] to [N, T]
+            rewards.view(layout.count, layout.uniform_size, -1).sub_(baseline.to(rewards.dtype).unsqueeze(1))
+        else:
+            rewards.sub_(per_response(baseline, layout).to(rewards.dtype))
+        return rewards.mul_(real)
     others = per_response(total, layout).sub_(cumulative)  # [N, T] Σ_{j≠i} W_j
-    leave_out = per_response(weighted, layout).sub_(cumulative.mul_(rewards)).div_(others.clamp(min=1e-300))
+    leave_out = per_response(weighted, layout).sub_(weighted_rewards.copy_(cumulative).mul_(rewards))
+    leave_out.div_(others.clamp(min=1e-300))
     return (rewards - torch.where(others > 0, leave_out, 0.0)).float().mul_(real)
 
 

@@ -47,18 +47,20 @@ import torch
 
 from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.core.hookspecs import hookimpl
-from leaf_plugins.core.tree import Nodes
+from leaf_plugins.core.tree import Boundaries, Nodes
 from leaf_plugins.estimators.machinery.group_stats import group_extreme, group_sum, per_response
 from leaf_plugins.estimators.machinery.node_shrinkage import node_shrink
+from leaf_plugins.estimators.machinery.nodes import boundary_nodes
 from leaf_plugins.estimators.machinery.tree_baselines import path_baselines
 from leaf_plugins.estimators.tree_rloo import TreeRLOO, TreeRLOOParams, group_scale
-from leaf_plugins.estimators.otb import real_tokens, replaced_reward_advantages, stable_token_weights
+from leaf_plugins.estimators.otb import (RunningWeights, real_tokens, replaced_reward_advantages,
+                                         running_weights, stable_token_weights)
 from leaf_plugins.estimators.machinery.mixing_weights import kernel_terms, pooled_weight
 from leaf_plugins.estimators.machinery.prefix_intervals import PathIntervals, path_intervals, shared_prefix_lengths
 from leaf_plugins.estimators.machinery.prefixes import SortedPrefixes
 from leaf_plugins.estimators.machinery.scratch import scratch
 
-__all__ = ["TreeOTB", "TreeOTBParams", "KAPPA_EDGES", "LANES", "value_ratios", "token_slots"]
+__all__ = ["TreeOTB", "TreeOTBParams", "KAPPA_EDGES", "LANES", "value_ratios", "state_kinds"]
 
 KAPPA_EDGES = (1e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3)
 """Bin edges on a state's ``1 − Σπ²``: near-deterministic states first, decisions last."""
@@ -70,12 +72,12 @@ KINDS = len(KAPPA_EDGES) + 1
 """Kinds of state: the bins of ``KAPPA_EDGES``."""
 
 LANES = 8
-"""Accumulator lanes of the per-kind weight sums: token t adds to lane ``t mod LANES``, so
+"""Accumulator lanes of the per-kind weight sums (``value_ratios``): token t adds to lane ``t mod LANES``, so
 that successive tokens of one kind do not wait on each other's additions (one lane:
 3.5× slower on CPU, where most tokens of a response fall in one or two kinds)."""
 
 _EDGE_BITS = torch.tensor(KAPPA_EDGES, dtype=torch.float32).view(torch.int32).tolist()
-"""The float32 edges' bit patterns, as ``token_slots`` compares them."""
+"""The float32 edges' bit patterns, as ``state_kinds`` compares them."""
 
 
 @dataclass(frozen=True)
@@ -112,52 +114,80 @@ class TreeOTB(TreeRLOO):
     parameters = TreeOTBParams
 
     @hookimpl
+    def retain_nodes(self, batch: RolloutBatch, boundaries: Boundaries, params: TreeOTBParams) -> Nodes:
+        if _reads_order(batch, params):  # the advantages need the lexicographic order: read the classes off it
+            return boundary_nodes(batch, boundaries.positions, params.min_group, SortedPrefixes.of(batch))
+        return super().retain_nodes(batch, boundaries, params)
+
+    @hookimpl
     def compute_advantages(self, batch: RolloutBatch, nodes: Nodes, params: TreeOTBParams) -> torch.Tensor:
         baselines = path_baselines(batch, nodes, node_shrink(batch, nodes, params))  # segment values V̂ [N, D+1]
         learnt = params.tree_weight == "auto"
+        mixed = params.tree_weight != 1  # OTB's advantage takes part
         with torch.inference_mode():
             layout = batch.groups
+            shape, device = tuple(batch.tokens.shape), batch.device
             real = real_tokens(batch)  # [N, T] float32 1.0 / 0.0
             weights, spread = stable_token_weights(batch, real)  # [N, T] w, 1 − Σπ² (0 on padding; scratch)
-            prefixes = SortedPrefixes.lexicographic(batch) if (params.prefix_mean or learnt) and batch.size > 1 else None
+            prefixes = SortedPrefixes.of(batch) if _reads_order(batch, params) else None
             shared = None if prefixes is None else shared_prefix_lengths(batch, prefixes)  # [N, K] each
             intervals = path_intervals(batch, baselines.bounds, shared if params.prefix_mean else None)  # E+1 each
-            token_interval = intervals.token_intervals(batch.width)  # [N, T] int32
-            slot = token_slots(spread, token_interval)  # [N, T] (interval, lane, kind)
+            kinds = state_kinds(spread)  # [N, T] int32
             lowest = _other_responses_floor(batch)  # [N] f
-            ridged = (torch.add(weights, real, alpha=params.ridge,
-                                out=scratch("tree_otb ridged", tuple(weights.shape), weights.dtype, weights.device))
+            ridged = (torch.add(weights, real, alpha=params.ridge, out=scratch("tree_otb ridged", shape, weights.dtype,
+                                                                               device))
                       if params.ridge else weights)  # [N, T] w + ridge
-            kappa = value_ratios(batch, ridged, slot, intervals.count, lowest)  # [N, kinds] κ
+            kappa = value_ratios(batch, ridged, kinds, lowest)  # [N, kinds] κ
             scale = per_response(group_scale(batch, params), layout)  # [N] c
-            table = _advantage_table(batch, baselines.values, intervals, kappa, lowest, scale, params)  # [N, slots]
-            if params.tree_weight != 1:
-                rewards = intervals.class_means(batch.rewards.double().unsqueeze(1)).float()  # [N, E+1] class means
-                per_slot = rewards.unsqueeze(2).expand(-1, -1, LANES * KINDS).reshape(batch.size, -1)  # as the table
-                otb = _otb_advantages(batch, torch.gather(per_slot, 1, slot), weights, scale, params)
-            share = _own_share(batch, weights, real) if params.own_share else None  # [N, T] W_i / Σ_j W_j
-            if params.tree_weight != 1:
-                tree = torch.gather(table, 1, slot)  # [N, T] the tree's advantage
+            table = _advantage_table(batch, baselines.values, intervals, kappa, lowest, scale, params)  # [N, cells]
+            cells = _as_index(torch.add(kinds, intervals.token_intervals(batch.width), alpha=KINDS,
+                                        out=scratch("tree_otb cells", shape, torch.int32, device)),
+                              "tree_otb cells")  # [N, T] interval · kinds + kind
+            running = (running_weights(batch, weights, real, torch.float32 if params.own_share else torch.float64)
+                       if params.own_share or mixed else None)  # W, Σ_j W_j
+            if mixed:
+                otb = _otb_advantages(batch, intervals, cells, running, scale, params)  # [N, T] (scratch)
+            share = _own_share(batch, running) if params.own_share else None  # [N, T] W_i / Σ_j W_j (over W)
+            if mixed:
+                tree = torch.gather(table, 1, cells, out=scratch("tree_otb tree", shape, table.dtype, device))
                 if share is not None:
                     tree.addcmul_(tree, share, value=-1)
                 move = tree.sub_(otb)  # [N, T] from OTB's advantage to the tree's
                 weight = (_learnt_weight(batch, prefixes, shared, otb, move, weights, spread) if learnt
                           else move.new_tensor(float(params.tree_weight)))  # [] λ
         # out of inference mode: the result is an ordinary tensor
-        if params.tree_weight != 1:
+        if mixed:
             return torch.addcmul(otb, weight, move)  # [N, T] OTB's advantage + λ (tree's − OTB's)
-        advantage = torch.gather(table, 1, slot)  # [N, T] class mean of ((r − f) − κ (V̂ − f)) / c, 0 on padding
+        advantage = torch.gather(table, 1, cells)  # [N, T] class mean of ((r − f) − κ (V̂ − f)) / c, 0 on padding
         return advantage if share is None else advantage.addcmul_(advantage, share, value=-1)
 
 
-def _otb_advantages(batch: RolloutBatch, rewards: torch.Tensor, weights: torch.Tensor, scale: torch.Tensor,
-                    params: TreeOTBParams) -> torch.Tensor:
-    """``[N, T]`` float32 OTB's advantage on the token ``weights [N, T]`` (with its
-    own-return share under ``own_share``, the leave-one-out form without) with each
-    token's reward replaced by ``rewards [N, T]`` (its prefix class's mean reward),
-    divided by ``scale [N]`` (float64 c); 0 for a response alone in its group, as the
-    tree's."""
-    advantage = replaced_reward_advantages(batch, rewards, weights, params.own_share)  # [N, T]
+def _as_index(values: torch.Tensor, purpose: str) -> torch.Tensor:
+    """The int32 ``values`` as an int64 index (gathers and scatters take no other), in the
+    scratch buffer ``purpose``. Index arithmetic runs in int32 first: on the CPU an
+    operation that mixes int32 and int64 takes a slow path (5× an int32 one and a copy)."""
+    return scratch(purpose, tuple(values.shape), torch.int64, values.device).copy_(values)
+
+
+def _reads_order(batch: RolloutBatch, params: TreeOTBParams) -> bool:
+    """Whether the advantages read the batch's lexicographic order (the prefix classes
+    of ``prefix_mean`` or of the learnt weight's kernel)."""
+    return (params.prefix_mean or params.tree_weight == "auto") and batch.size > 1
+
+
+def _otb_advantages(batch: RolloutBatch, intervals: PathIntervals, cells: torch.Tensor, running: RunningWeights,
+                    scale: torch.Tensor, params: TreeOTBParams) -> torch.Tensor:
+    """``[N, T]`` float32 OTB's advantage on the ``running`` weights (with its own-return
+    share under ``own_share``, the leave-one-out form without) with each token's reward
+    replaced by its prefix class's mean reward (the ``cells [N, T]`` of the advantage
+    table), divided by ``scale [N]`` (float64 c); 0 for a response alone in its group, as
+    the tree's. In the scratch buffer ``"tree_otb otb"`` under ``own_share``."""
+    kinds = KINDS
+    means = intervals.class_means(batch.rewards.double().unsqueeze(1)).float()  # [N, E+1] class mean rewards
+    per_cell = means.unsqueeze(2).expand(-1, -1, kinds).reshape(batch.size, -1)  # [N, (E+1) · kinds], as the table
+    rewards = torch.gather(per_cell, 1, cells, out=scratch("tree_otb otb", tuple(cells.shape), torch.float32,
+                                                              cells.device))  # [N, T]
+    advantage = replaced_reward_advantages(batch, rewards, running, params.own_share)  # [N, T]
     alone = per_response(batch.groups.sizes, batch.groups) < 2  # [N]
     divisor = torch.where(alone, torch.inf, scale).float().unsqueeze(1)  # [N, 1]
     return advantage.div_(divisor)
@@ -180,12 +210,10 @@ def _learnt_weight(batch: RolloutBatch, prefixes: SortedPrefixes | None,
     return pooled_weight(terms, layout, spread_out).float()
 
 
-def token_slots(spread: torch.Tensor, intervals: torch.Tensor) -> torch.Tensor:
-    """``[N, T]`` int64 slot ``((interval · LANES) + lane) · kinds + kind`` of every
-    token, in the scratch buffer ``"tree_otb slot"``: its interval (``intervals [N, T]``
-    int32, ``PathIntervals.token_intervals``), its accumulator lane ``t mod LANES`` and
-    the bin ``kind`` of its state's ``spread [N, T]`` (float32 ``1 − Σπ²``) among
-    ``KAPPA_EDGES`` (``torch.bucketize``'s bins: ``edge[k−1] < x ≤ edge[k]``).
+def state_kinds(spread: torch.Tensor) -> torch.Tensor:
+    """``[N, T]`` int32 kind of every token's state: the bin of its ``spread [N, T]``
+    (float32 ``1 − Σπ²``) among ``KAPPA_EDGES`` (``torch.bucketize``'s bins:
+    ``edge[k−1] < x ≤ edge[k]``), in the scratch buffer ``"tree_otb kinds"``.
 
     Kinds are counted as the edges at or below the token, one int32 compare each, on the
     float32 bit patterns: for ``x >= 0`` they order as the values, and a negative ``x``
@@ -194,25 +222,20 @@ def token_slots(spread: torch.Tensor, intervals: torch.Tensor) -> torch.Tensor:
     and a binary search per token (``bucketize``) is 5× slower than all seven compares.
     """
     shape = tuple(spread.shape)
-    device = spread.device
-    count = scratch("tree_otb slot count", shape, torch.int32, device)  # [N, T]
-    above = scratch("tree_otb slot compare", shape, torch.int32, device)  # [N, T]
+    count = scratch("tree_otb kinds", shape, torch.int32, spread.device)  # [N, T]
+    above = scratch("tree_otb kinds compare", shape, torch.int32, spread.device)  # [N, T]
     bits = spread.view(torch.int32)
     torch.gt(bits, _EDGE_BITS[0], out=count)
     for edge in _EDGE_BITS[1:]:
         count.add_(torch.gt(bits, edge, out=above))
-    count.add_(intervals, alpha=LANES * KINDS)
-    positions = torch.arange(shape[1], dtype=torch.int32, device=device)  # [T]
-    count.add_(positions % LANES * KINDS)  # the lane
-    return scratch("tree_otb slot", shape, torch.int64, device).copy_(count)
+    return count
 
 
-def value_ratios(batch: RolloutBatch, weights: torch.Tensor, slot: torch.Tensor, intervals: int,
+def value_ratios(batch: RolloutBatch, weights: torch.Tensor, kinds: torch.Tensor,
                  floor: torch.Tensor) -> torch.Tensor:
     """``[N, kinds]`` float64 κ of each response for every kind of state, from every
     other response of the call (see the module), measured from each response's
-    ``floor [N]`` (``slot [N, T]`` of ``token_slots`` on ``intervals`` intervals per
-    response).
+    ``floor [N]`` (``kinds [N, T]``: ``state_kinds``).
 
     Rewards are constant along a response, so each response's weight per kind,
     ``W_j = Σ_t w [kind]`` ``[N, kinds]``, is all the ``[N, T]`` data needed. It is summed in
@@ -224,8 +247,11 @@ def value_ratios(batch: RolloutBatch, weights: torch.Tensor, slot: torch.Tensor,
     ``(Σ_{j∈g} W_j − W_i) · r̄_{g,−i}`` beside the other groups' ``Σ_{h≠g} Σ_{j∈h} W_j r̄_h``.
     """
     layout = batch.groups
-    slots = torch.zeros(batch.size, intervals * LANES, KINDS, dtype=weights.dtype, device=batch.device)
-    slots.view(batch.size, -1).scatter_add_(1, slot, weights)  # [N, intervals · LANES, kinds]
+    lanes = (torch.arange(batch.width, dtype=torch.int32, device=batch.device) % LANES).mul_(KINDS)  # [T]
+    slot = _as_index(torch.add(kinds, lanes, out=scratch("tree_otb lanes", tuple(kinds.shape), torch.int32,
+                                                         batch.device)), "tree_otb lanes")  # [N, T] lane · kinds + kind
+    slots = torch.zeros(batch.size, LANES, KINDS, dtype=weights.dtype, device=batch.device)
+    slots.view(batch.size, -1).scatter_add_(1, slot, weights)  # [N, LANES, kinds]
     weight = slots.sum(dim=1).double()  # [N, kinds] W_j: Σ_t w per kind (0 on padding)
     rewards = batch.rewards.double()  # [N]
     group_total = group_sum(rewards, layout)  # [G]
@@ -244,8 +270,8 @@ def value_ratios(batch: RolloutBatch, weights: torch.Tensor, slot: torch.Tensor,
 
 def _advantage_table(batch: RolloutBatch, values: torch.Tensor, intervals: PathIntervals, kappa: torch.Tensor,
                      lowest: torch.Tensor, scale: torch.Tensor, params: TreeOTBParams) -> torch.Tensor:
-    """``[N, (E+1) · LANES · kinds]`` float32 advantage before the own share of every
-    slot of ``token_slots``: the mean over the interval's prefix class of
+    """``[N, (E+1) · kinds]`` float32 advantage before the own share of every cell
+    ``interval · kinds + kind``: the mean over the interval's prefix class of
     ``((r − f) − κ (V̂ − f)) / c`` (``values [N, D+1]`` V̂ on each path segment,
     ``kappa [N, kinds]`` κ and ``lowest [N]`` f of each member, ``scale [N]`` c, the same
     for the whole class), in float64 and then rounded; 0 on the padding and, without the
@@ -261,7 +287,7 @@ def _advantage_table(batch: RolloutBatch, values: torch.Tensor, intervals: PathI
     table.mul_((intervals.segment < values.shape[1]).unsqueeze(2))  # 0 on the padding
     if not params.own_share:  # a response alone has no other to learn from: 0, as with its own share
         table.mul_((per_response(layout.sizes, layout) > 1).view(-1, 1, 1))
-    return table.unsqueeze(2).expand(-1, -1, LANES, -1).reshape(batch.size, -1)
+    return table.view(batch.size, -1)
 
 
 def _other_responses_floor(batch: RolloutBatch) -> torch.Tensor:
@@ -275,20 +301,16 @@ def _other_responses_floor(batch: RolloutBatch) -> torch.Tensor:
     return torch.where(first, two.values[1], two.values[0])
 
 
-def _own_share(batch: RolloutBatch, weights: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+def _own_share(batch: RolloutBatch, running: RunningWeights) -> torch.Tensor:
     """``[N, T]`` float32 ``W_i,t / Σ_j W_j,t`` over the group's responses running at t
-    (W the cumulative ``weights``; 0 on padding, ``real`` the float32 mask), in the scratch
-    buffer ``"tree_otb own share"``. float32 throughout: ``W`` sums at most T positive
-    weights (relative error below ``T · 2⁻²⁴``)."""
+    (the float32 ``running`` weights; 0 on padding), written over ``running.cumulative``."""
     layout = batch.groups
-    cumulative = torch.cumsum(weights, dim=1, out=scratch("tree_otb own share", tuple(weights.shape), weights.dtype,
-                                                              weights.device)).mul_(real)  # [N, T]
-    total = group_sum(cumulative, layout).clamp_(min=1e-30)  # [G, T]
+    share, total = running.cumulative, running.total.clamp_(min=1e-30)  # [N, T], [G, T]
     if layout.uniform_size:  # broadcast over each group's K rows instead of copying [G, T] to [N, T]
-        cumulative.view(layout.count, layout.uniform_size, -1).div_(total.unsqueeze(1))
+        share.view(layout.count, layout.uniform_size, -1).div_(total.unsqueeze(1))
     else:
-        cumulative.div_(per_response(total, layout))
-    return cumulative
+        share.div_(per_response(total, layout))
+    return share
 
 
 @hookimpl

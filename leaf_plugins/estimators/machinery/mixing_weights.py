@@ -137,13 +137,16 @@ def kernel_terms(batch: RolloutBatch, prefixes: SortedPrefixes, shared: torch.Te
     ends = scratch("kernel_terms ends", (groups * slots, width), base.dtype, device)  # w at the runs' last slots
     torch.index_select(w, 0, order, out=ends)
     ends = ends.view(groups, slots, width)
-    positions = torch.arange(width, device=device)
-    joins = (prefixes.gap_matrix.unsqueeze(2) > positions).to(base.dtype)  # [G, K-1, T]: slot k+1 in k's class
+    # float compares into float masks (vectorised; positions and gaps are exact in float32 below 2^24)
+    positions = torch.arange(width, dtype=base.dtype, device=device)
+    gaps = prefixes.gap_matrix.to(base.dtype).unsqueeze(2)  # [G, K-1, 1]
+    joins = torch.gt(gaps, positions, out=scratch("kernel_terms joins", (groups, max(slots - 1, 0), width), base.dtype,
+                                                    device))  # [G, K-1, T] 1.0 where slot k+1 is in k's class
     for slot in range(1, slots):  # in place: each slot gets the sum of its run so far
         sums[:, :, slot].addcmul_(sums[:, :, slot - 1], joins[:, slot - 1])
     # at a run's last slot that is the class sum: Σ_{j ∈ C} x_j w Σ_{l ∈ C} y_l = w X_C Y_C, w read there (a
     # policy's w is a function of the prefix through t, the same for the whole class)
-    ends[:, :-1].mul_(joins.neg_().add_(1))  # 0 where the next slot joins the run
+    ends[:, :-1].mul_(torch.le(gaps, positions, out=joins))  # 0 where the next slot joins the run
     class_e, class_d = sums.unbind(0)  # [G, K, T] Σ_C e, Σ_C d at the runs' last slots
     classes = scratch("kernel_terms classes", (3, groups, slots, width), base.dtype, device)
     weighted_d = torch.mul(class_d, ends, out=classes[2])  # d's class sum times w, for the two products below
@@ -196,16 +199,18 @@ def pooled_weight(terms: KernelTerms, layout: GroupLayout, usable: torch.Tensor,
     fitted = torch.where(carried, -(cross * scale).sum() / below.clamp(min=1e-300), 0.0)
     # the spread of the units' residuals n + λ̂ d about the fit, each with its coefficient in V_g / Z_g
     step = fitted.float()
-    shared = (-scale / others).float()  # [G] a class's or a pair's coefficient
-    alone = (scale * responses / others).float()  # [G] a token's with itself
+    shared = -scale / others  # [G] a class's or a pair's coefficient
+    alone = scale * responses / others  # [G] a token's with itself
 
     def squares(units: torch.Tensor, coefficient: torch.Tensor) -> torch.Tensor:
+        """Σ (coefficient · (n + λ̂ d))² over the units, ``coefficient`` one per row of ``units [3, R, ...]``."""
         residuals = scratch("pooled_weight residuals", tuple(units.shape[1:]), units.dtype, units.device)
         torch.addcmul(units[0], units[1], step, out=residuals)
-        return residuals.mul_(coefficient).square_().sum(dim=-1).double().sum()  # float32 over T, as above
+        sizes = torch.linalg.vector_norm(residuals, dim=tuple(range(1, residuals.dim())))  # [R] float32, as above
+        return (sizes.double() * coefficient).square().sum()
 
-    residual = (squares(terms.classes, shared.view(-1, 1, 1))
-                + squares(terms.pairs, per_response(shared, layout).view(-1, 1))
-                + squares(terms.diagonal, per_response(alone, layout).view(-1, 1)))
+    residual = (squares(terms.classes, shared)
+                + squares(terms.pairs, per_response(shared, layout))
+                + squares(terms.diagonal, per_response(alone, layout)))
     error = residual.sqrt() / below.clamp(min=1e-300)
     return torch.where(carried, fitted - confidence * error, 0.0).clamp(min=0, max=1)

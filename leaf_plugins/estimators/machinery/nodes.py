@@ -14,14 +14,18 @@ __all__ = ["boundary_nodes", "trie_nodes"]
 
 
 @torch.inference_mode()
-def boundary_nodes(batch: RolloutBatch, positions: torch.Tensor, min_group: int) -> Nodes:
+def boundary_nodes(batch: RolloutBatch, positions: torch.Tensor, min_group: int,
+                   prefixes: SortedPrefixes | None = None) -> Nodes:
     """Group responses by exact prefix at each selected boundary; groups of at least
     ``min_group`` members become nodes (spec, LEAF step 2).
 
     :param positions: ``[G, B]`` selected boundaries per group, ascending, ``-1`` where
         unused (``Boundaries.positions``).
+    :param prefixes: the batch's lexicographic order, if the caller has it (the classes
+        are then read off it); otherwise they are found by prefix hashes.
     """
-    classes = PrefixClasses.at_boundaries(batch, positions)
+    classes = (PrefixClasses.at_boundaries(batch, positions) if prefixes is None
+               else PrefixClasses.from_order(batch, positions, prefixes))
     groups, budget, width = classes.size.shape
     slots = torch.arange(width, device=batch.device)
     # a node is recorded at its first member; min_group >= 2, so a response in a node

@@ -55,7 +55,15 @@ class PrefixClasses:
         classes = cls._from_keys(batch, _hashes_at(hashes, batch, positions), positions)
         if classes._proven_on(hashes, batch, positions):
             return classes
-        return cls._from_keys(batch, _exact_keys(batch, positions), positions)
+        return cls._from_keys(batch, _keys_from_order(batch, positions, SortedPrefixes.lexicographic_exact(batch)),
+                              positions)
+
+    @classmethod
+    @torch.inference_mode()
+    def from_order(cls, batch: RolloutBatch, positions: torch.Tensor, prefixes: SortedPrefixes) -> "PrefixClasses":
+        """The exact prefix classes at ``positions [G, B]`` read off the batch's
+        lexicographic order ``prefixes`` (no hashing: for a caller that has the order)."""
+        return cls._from_keys(batch, _keys_from_order(batch, positions, prefixes), positions)
 
     @classmethod
     def _from_keys(cls, batch: RolloutBatch, keys: torch.Tensor, positions: torch.Tensor) -> "PrefixClasses":
@@ -126,9 +134,9 @@ def _hashes_at(hashes: torch.Tensor, batch: RolloutBatch, positions: torch.Tenso
     return hashes.take((members * width).unsqueeze(1) + column.unsqueeze(2))  # [G, B, K]
 
 
-def _exact_keys(batch: RolloutBatch, positions: torch.Tensor) -> torch.Tensor:
-    """``[G, B, K]`` int64 exact class id of every slot, from a lexicographic sort."""
-    prefixes = SortedPrefixes.lexicographic_exact(batch)
+def _keys_from_order(batch: RolloutBatch, positions: torch.Tensor, prefixes: SortedPrefixes) -> torch.Tensor:
+    """``[G, B, K]`` int64 exact class id of every slot, from the lexicographic order
+    ``prefixes`` (exact up to the batch's width)."""
     classes = prefixes.classes_at(positions.clamp(min=0))  # [N, B] over sorted responses
     per_row = torch.empty_like(classes)
     per_row[prefixes.order] = classes

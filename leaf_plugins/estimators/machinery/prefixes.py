@@ -42,29 +42,39 @@ class SortedPrefixes:
 
     # ------------------------------------------------------------------ construction
     @classmethod
+    def of(cls, batch: RolloutBatch) -> "SortedPrefixes":
+        """``lexicographic(batch)``, built once per estimator call (``RolloutBatch.call_cached``):
+        the stages of a call that all need it share one."""
+        return batch.call_cached("SortedPrefixes.lexicographic", lambda: cls.lexicographic(batch))
+
+    @classmethod
     @torch.inference_mode()
     def lexicographic(cls, batch: RolloutBatch) -> "SortedPrefixes":
         """Responses in (group, lexicographic) order: every prefix class at every depth is
         contiguous (padding ``-1`` sorts before every token)."""
         layout = batch.groups
-        workspace = scratch("hashes", batch.tokens.shape, torch.int64, batch.device)
-        hashes = running_hashes(batch.tokens, out=workspace)  # [N, T]
+        width = batch.width
+        # int32 hashes halve the bytes compared, where token ids allow; an even row width lets
+        # _from_order read them as int64 column pairs
+        narrow = torch.int32 if batch.token_bound < 2**31 else torch.int64
+        columns = width + width % 2 if narrow == torch.int32 else width
+        hashes = running_hashes(batch.tokens, narrow, out=scratch("hashes", (batch.size, columns), narrow, batch.device))
         members = layout.members  # [G, K] batch index, -1 padded
-        width = members.shape[1]
+        slots = members.shape[1]
         valid = members >= 0
         rows = members.clamp(min=0)
-        first, second = torch.triu_indices(width, width, 1, device=batch.device)  # [P] slot pairs, first < second
+        first, second = torch.triu_indices(slots, slots, 1, device=batch.device)  # [P] slot pairs, first < second
         left, right = rows[:, first], rows[:, second]  # [G, P]
-        shared = _hash_lcp(hashes, left, right)  # [G, P]
+        shared = _hash_lcp(hashes, left, right).clamp_(max=width)  # [G, P] (the spare column repeats the last)
         # the second slot sorts first iff its next token is smaller (identical rows keep slot order)
         swapped = _token_after(batch.tokens, right, shared) < _token_after(batch.tokens, left, shared)  # [G, P]
         rank = torch.zeros_like(members)  # [G, K]: how many real slots sort before each slot
         rank.index_add_(1, first, (swapped & valid[:, second]).long())
         rank.index_add_(1, second, (~swapped & valid[:, first]).long())
-        rank.masked_fill_(~valid, width)
-        slots = torch.arange(width, device=batch.device)
-        order = members.gather(1, rank.argsort(dim=1))[valid.sum(dim=1, keepdim=True) > slots]  # [N]
-        prefixes = cls._from_order(batch, order, workspace=hashes)  # the hashes are done with
+        rank.masked_fill_(~valid, slots)
+        positions = torch.arange(slots, device=batch.device)
+        order = members.gather(1, rank.argsort(dim=1))[valid.sum(dim=1, keepdim=True) > positions]  # [N]
+        prefixes = cls._from_order(batch, order, hashes)
         if not prefixes._is_lexicographic(batch):
             return cls.lexicographic_exact(batch)
         return prefixes
@@ -79,19 +89,28 @@ class SortedPrefixes:
         return cls._from_order(batch, torch.argsort(rank, stable=True))
 
     @classmethod
-    def _from_order(
-        cls, batch: RolloutBatch, order: torch.Tensor, workspace: torch.Tensor | None = None
-    ) -> "SortedPrefixes":
-        """The responses in ``order [N]`` with their exact adjacent LCPs; ``workspace``, an
-        int64 ``[N, T]`` tensor no longer needed, receives the reordered tokens (a fresh
-        tensor of that size costs more in page faults than the copy itself)."""
+    def _from_order(cls, batch: RolloutBatch, order: torch.Tensor, hashes: torch.Tensor | None = None) -> "SortedPrefixes":
+        """The responses in ``order [N]`` with their exact adjacent LCPs, found by comparing
+        the tokens or, where given, the batch's running ``hashes`` (``running_hashes``,
+        int64 or int32 of even width): two rows' hashes agree on their first ``p`` columns
+        exactly when their tokens do, and int32 rows are compared as int64 column pairs,
+        a quarter of the bytes of the tokens."""
         layout = batch.groups
         n, reach = batch.size, batch.width
         group = layout.index[order]  # [N]
         lcp = torch.full((n,), -1, dtype=torch.int64, device=batch.device)
         if n > 1:
-            ordered = torch.index_select(batch.tokens, 0, order, out=workspace)  # [N, T]
-            lcp[1:] = torch.where(group[1:] == group[:-1], first_difference(ordered[:-1], ordered[1:]), -1)
+            paired = hashes is not None and hashes.dtype == torch.int32 and hashes.shape[1] > 0
+            rows = batch.tokens if hashes is None else hashes.view(torch.int64) if paired else hashes  # [N, U]
+            ordered = torch.index_select(rows, 0, order, out=scratch("sorted rows", tuple(rows.shape), rows.dtype,
+                                                                      rows.device))  # [N, U]
+            unit = first_difference(ordered[:-1], ordered[1:])  # [N-1] first unit (column or pair) that differs
+            if paired:  # a pair differs first at its first column, or else at its second
+                width = hashes.shape[1]
+                column = (2 * unit).clamp_(max=max(width - 2, 0))  # [N-1]
+                same_first = hashes.take(order[:-1] * width + column) == hashes.take(order[1:] * width + column)
+                unit = (2 * unit + same_first).clamp_(max=reach)
+            lcp[1:] = torch.where(group[1:] == group[:-1], unit, -1)
         start = torch.cumsum(layout.sizes, 0) - layout.sizes  # [G]
         slot = torch.arange(n, device=batch.device) - start[group]  # [N]
         return cls(order, group, lcp, slot, layout.sizes, reach)
@@ -181,20 +200,21 @@ def running_hashes(
 
     :param out: an optional contiguous ``[N, R']`` tensor of ``dtype``, ``R' >= R``, to
         write the hashes into; its columns past ``R`` hash a token 0 (they repeat the
-        row's last hash), so that the running sum runs over whole contiguous rows (an
-        int32 ``cumsum`` over a strided slice is 1.6× slower).
+        row's last hash), so that a caller may ask for an even width (``R`` and a spare
+        column).
     """
     reach = tokens.shape[1]
     if out is None:
         out = torch.empty(tokens.shape, dtype=dtype, device=tokens.device)
-    multipliers = _odd_multipliers(out.shape[1], dtype, str(tokens.device))  # [R']
-    if dtype == torch.int64 and out.shape[1] == reach:  # int64 sums run fastest on the CPU
-        torch.mul(tokens, multipliers, out=out)
-    else:
-        out[:, :reach].copy_(tokens)
-        out[:, reach:].zero_()
-        out.mul_(multipliers)
-    return out.cumsum_(dim=1)
+    multipliers = _odd_multipliers(out.shape[1], torch.int64, str(tokens.device))  # [R']
+    # the sums run in int64 whatever the dtype (an int64 running sum is 2-3× faster than an
+    # int32 one on the CPU); int32 hashes are their low 32 bits, the sums modulo 2**32 with
+    # the multipliers' low 32 bits, which are odd too
+    wide = out if dtype == torch.int64 else scratch("running hashes", tuple(out.shape), torch.int64, out.device)
+    torch.mul(tokens, multipliers[:reach], out=wide[:, :reach])
+    wide[:, reach:].zero_()
+    wide.cumsum_(dim=1)
+    return out if wide is out else out.copy_(wide)
 
 
 def _hash_lcp(hashes: torch.Tensor, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:

@@ -22,17 +22,27 @@ _local = threading.local()
 
 def scratch(purpose: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A contiguous tensor of ``shape`` with undefined contents, reused across calls that
-    ask for the same ``purpose``, ``dtype`` and ``device`` in this thread."""
-    buffers: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = _local.__dict__.setdefault("buffers", {})
+    ask for the same ``purpose``, ``dtype`` and ``device`` in this thread (the same tensor
+    object while the shape stays the same: no view operations per call)."""
+    shape = tuple(shape)
     key = (purpose, dtype, torch.device(device))
+    views: dict[tuple[str, torch.dtype, torch.device], tuple[tuple[int, ...], torch.Tensor]] = (
+        _local.__dict__.setdefault("views", {}))
+    last = views.get(key)
+    if last is not None and last[0] == shape:
+        return last[1]
+    buffers: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = _local.__dict__.setdefault("buffers", {})
     size = math.prod(shape)
     buffer = buffers.get(key)
     if buffer is None or buffer.numel() < size:
         with torch.inference_mode(False):  # an ordinary tensor: usable in and out of inference mode
             buffer = buffers[key] = torch.empty(size, dtype=dtype, device=device)
-    return buffer[:size].view(shape)
+    view = buffer[:size].view(shape)
+    views[key] = (shape, view)
+    return view
 
 
 def release_scratch() -> None:
     """Free this thread's buffers (they are re-created on the next estimate)."""
     _local.__dict__.pop("buffers", None)
+    _local.__dict__.pop("views", None)
