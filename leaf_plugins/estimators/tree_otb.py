@@ -72,9 +72,10 @@ KINDS = len(KAPPA_EDGES) + 1
 """Kinds of state: the bins of ``KAPPA_EDGES``."""
 
 LANES = 8
-"""Accumulator lanes of the per-kind weight sums (``value_ratios``): token t adds to lane ``t mod LANES``, so
-that successive tokens of one kind do not wait on each other's additions (one lane:
-3.5× slower on CPU, where most tokens of a response fall in one or two kinds)."""
+"""Accumulator lanes of the per-kind weight sums (``value_ratios``): token t adds to lane
+``t mod LANES``, so that successive tokens of one kind do not wait on each other's
+additions (one lane: 3.5× slower on CPU, where most tokens of a response fall in one or
+two kinds)."""
 
 _EDGE_BITS = torch.tensor(KAPPA_EDGES, dtype=torch.float32).view(torch.int32).tolist()
 """The float32 edges' bit patterns, as ``state_kinds`` compares them."""
@@ -182,9 +183,8 @@ def _otb_advantages(batch: RolloutBatch, intervals: PathIntervals, cells: torch.
     replaced by its prefix class's mean reward (the ``cells [N, T]`` of the advantage
     table), divided by ``scale [N]`` (float64 c); 0 for a response alone in its group, as
     the tree's. In the scratch buffer ``"tree_otb otb"`` under ``own_share``."""
-    kinds = KINDS
     means = intervals.class_means(batch.rewards.double().unsqueeze(1)).float()  # [N, E+1] class mean rewards
-    per_cell = means.unsqueeze(2).expand(-1, -1, kinds).reshape(batch.size, -1)  # [N, (E+1) · kinds], as the table
+    per_cell = means.unsqueeze(2).expand(-1, -1, KINDS).reshape(batch.size, -1)  # [N, (E+1) · kinds], as the table
     rewards = torch.gather(per_cell, 1, cells, out=scratch("tree_otb otb", tuple(cells.shape), torch.float32,
                                                               cells.device))  # [N, T]
     advantage = replaced_reward_advantages(batch, rewards, running, params.own_share)  # [N, T]
