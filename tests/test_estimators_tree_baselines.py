@@ -455,6 +455,8 @@ def test_unbiased_baselines_average_to_the_exact_gradient_and_leaf_does_not():
         advantages = in_batches(groups.batch, name, params, 8, BIAS_TASK.group_size)
         bias = gradient_bias(env, groups, advantages, blocks=40)
         if name == "tree_otb" and "tree_weight" not in params:  # the learnt weight
+            # it reads the call's own rewards, a small bias by design (0.994 ± 0.012 measured
+            # here): 5% bounds it with room and still fails a weight that follows the rewards
             assert abs(bias.projection.mean - 1) < 0.05, (name, params, bias)
         else:
             assert abs(bias.projection.mean - 1) < bias.projection.half_width * 1.5, (name, params, bias)

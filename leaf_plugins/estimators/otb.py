@@ -20,7 +20,7 @@ from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.core.hookspecs import hookimpl
 from leaf_plugins.core.parameters import NoParameters
 from leaf_plugins.core.tree import Nodes
-from leaf_plugins.estimators.machinery.group_stats import group_sum, per_response
+from leaf_plugins.estimators.machinery.group_stats import by_group, group_sum, per_response
 from leaf_plugins.estimators.grpo import GRPO
 from leaf_plugins.estimators.machinery.scratch import scratch
 
@@ -94,14 +94,14 @@ def running_weights(batch: RolloutBatch, weights: torch.Tensor, real: torch.Tens
 
 @torch.inference_mode()
 def replaced_reward_advantages(batch: RolloutBatch, rewards: torch.Tensor, running: RunningWeights,
-                               own_share: bool) -> torch.Tensor:
+                               real: torch.Tensor, own_share: bool) -> torch.Tensor:
     """``[N, T]`` float32 OTB's advantage of every token with the response's own reward
     replaced by ``rewards [N, T]`` (float32 per token, e.g. the mean reward of the
     responses that share its prefix through it), on the ``running`` weights of
     ``running_weights`` (from ``stable_token_weights``, which keeps the weights of
     near-deterministic tokens that ``token_weights``' float32 ``1 − 2π + Σπ²`` gets up to
-    10% wrong); 0 on padding. With ``own_share`` the result is written over ``rewards``;
-    ``running`` is left as it was.
+    10% wrong); 0 on padding (``real``: the float mask of ``real_tokens``). With
+    ``own_share`` the result is written over ``rewards``; ``running`` is left as it was.
 
     With ``own_share`` (verl's OTB, the response's own return in its baseline) the
     baseline is ``Σ_j W_j r_j / Σ_j W_j`` over the group's responses running at ``t``, 0
@@ -114,7 +114,6 @@ def replaced_reward_advantages(batch: RolloutBatch, rewards: torch.Tensor, runni
     tokens from ``t`` on nor its reward. ``running`` should be float32 with the share (at
     most ``T`` positive terms in ``W``, a relative error below ``T · 2⁻²⁴``, as in
     ``optimal_token_baselines``) and float64 without (``Σ_j W_j − W_i`` cancels)."""
-    real = real_tokens(batch)  # [N, T]
     layout = batch.groups
     cumulative, total = running.cumulative, running.total  # [N, T], [G, T]
     weighted_rewards = scratch("otb weighted rewards", tuple(cumulative.shape), cumulative.dtype, cumulative.device)
@@ -124,10 +123,8 @@ def replaced_reward_advantages(batch: RolloutBatch, rewards: torch.Tensor, runni
         baseline = torch.where(total > 0, weighted.div_(total.clamp(min=1e-30)), 0.0)  # [G, T]
         positions = torch.arange(batch.width, device=batch.device)
         baseline.masked_fill_(positions >= _second_longest(batch.lengths, layout).unsqueeze(1), 0.0)
-        if layout.uniform_size:  # broadcast over each group's K rows instead of copying [G, T] to [N, T]
-            rewards.view(layout.count, layout.uniform_size, -1).sub_(baseline.to(rewards.dtype).unsqueeze(1))
-        else:
-            rewards.sub_(per_response(baseline, layout).to(rewards.dtype))
+        rows, baselines = by_group(rewards, baseline.to(rewards.dtype), layout)
+        rows.sub_(baselines)
         return rewards.mul_(real)
     others = per_response(total, layout).sub_(cumulative)  # [N, T] Σ_{j≠i} W_j
     leave_out = per_response(weighted, layout).sub_(weighted_rewards.copy_(cumulative).mul_(rewards))

@@ -48,7 +48,7 @@ import torch
 from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.core.hookspecs import hookimpl
 from leaf_plugins.core.tree import Boundaries, Nodes
-from leaf_plugins.estimators.machinery.group_stats import group_extreme, group_sum, per_response
+from leaf_plugins.estimators.machinery.group_stats import by_group, group_extreme, group_sum, per_response
 from leaf_plugins.estimators.machinery.node_shrinkage import node_shrink
 from leaf_plugins.estimators.machinery.nodes import boundary_nodes
 from leaf_plugins.estimators.machinery.tree_baselines import path_baselines
@@ -147,7 +147,7 @@ class TreeOTB(TreeRLOO):
             running = (running_weights(batch, weights, real, torch.float32 if params.own_share else torch.float64)
                        if params.own_share or mixed else None)  # W, Σ_j W_j
             if mixed:
-                otb = _otb_advantages(batch, intervals, cells, running, scale, params)  # [N, T] (scratch)
+                otb = _otb_advantages(batch, intervals, cells, running, real, scale, params)  # [N, T] (scratch)
             share = _own_share(batch, running) if params.own_share else None  # [N, T] W_i / Σ_j W_j (over W)
             if mixed:
                 tree = torch.gather(table, 1, cells, out=scratch("tree_otb tree", shape, table.dtype, device))
@@ -177,7 +177,7 @@ def _reads_order(batch: RolloutBatch, params: TreeOTBParams) -> bool:
 
 
 def _otb_advantages(batch: RolloutBatch, intervals: PathIntervals, cells: torch.Tensor, running: RunningWeights,
-                    scale: torch.Tensor, params: TreeOTBParams) -> torch.Tensor:
+                    real: torch.Tensor, scale: torch.Tensor, params: TreeOTBParams) -> torch.Tensor:
     """``[N, T]`` float32 OTB's advantage on the ``running`` weights (with its own-return
     share under ``own_share``, the leave-one-out form without) with each token's reward
     replaced by its prefix class's mean reward (the ``cells [N, T]`` of the advantage
@@ -187,7 +187,7 @@ def _otb_advantages(batch: RolloutBatch, intervals: PathIntervals, cells: torch.
     per_cell = means.unsqueeze(2).expand(-1, -1, KINDS).reshape(batch.size, -1)  # [N, (E+1) · kinds], as the table
     rewards = torch.gather(per_cell, 1, cells, out=scratch("tree_otb otb", tuple(cells.shape), torch.float32,
                                                               cells.device))  # [N, T]
-    advantage = replaced_reward_advantages(batch, rewards, running, params.own_share)  # [N, T]
+    advantage = replaced_reward_advantages(batch, rewards, running, real, params.own_share)  # [N, T]
     alone = per_response(batch.groups.sizes, batch.groups) < 2  # [N]
     divisor = torch.where(alone, torch.inf, scale).float().unsqueeze(1)  # [N, 1]
     return advantage.div_(divisor)
@@ -304,13 +304,9 @@ def _other_responses_floor(batch: RolloutBatch) -> torch.Tensor:
 def _own_share(batch: RolloutBatch, running: RunningWeights) -> torch.Tensor:
     """``[N, T]`` float32 ``W_i,t / Σ_j W_j,t`` over the group's responses running at t
     (the float32 ``running`` weights; 0 on padding), written over ``running.cumulative``."""
-    layout = batch.groups
-    share, total = running.cumulative, running.total.clamp_(min=1e-30)  # [N, T], [G, T]
-    if layout.uniform_size:  # broadcast over each group's K rows instead of copying [G, T] to [N, T]
-        share.view(layout.count, layout.uniform_size, -1).div_(total.unsqueeze(1))
-    else:
-        share.div_(per_response(total, layout))
-    return share
+    rows, totals = by_group(running.cumulative, running.total.clamp_(min=1e-30), batch.groups)  # W_i, Σ_j W_j
+    rows.div_(totals)
+    return running.cumulative
 
 
 @hookimpl

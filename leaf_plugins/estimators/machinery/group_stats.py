@@ -13,7 +13,7 @@ import torch
 from leaf_plugins.core.batch import GroupLayout, RolloutBatch
 
 __all__ = ["group_sum", "group_total", "group_mean", "group_std", "pooled_std", "group_extreme", "per_response",
-           "root_values"]
+           "by_group", "root_values"]
 
 
 def group_sum(values: torch.Tensor, layout: GroupLayout) -> torch.Tensor:
@@ -70,6 +70,16 @@ def group_extreme(values: torch.Tensor, layout: GroupLayout, reduce: str, empty:
 def per_response(values: torch.Tensor, layout: GroupLayout) -> torch.Tensor:
     """Each response's entry of per-group ``values [G, ...]`` -> ``[N, ...]``."""
     return values.index_select(0, layout.index)
+
+
+def by_group(values: torch.Tensor, per_group: torch.Tensor, layout: GroupLayout) -> tuple[torch.Tensor, torch.Tensor]:
+    """``values [N, ...]`` and ``per_group [G, ...]`` shaped so that an elementwise (in-place)
+    operation between them pairs every response with its group's entry: a ``[G, K, ...]``
+    view of ``values`` and ``[G, 1, ...]`` where every group has ``K`` contiguous responses
+    (no ``[N, ...]`` copy of ``per_group``), else ``values`` and ``per_response(per_group)``."""
+    if layout.uniform_size:
+        return values.unflatten(0, (layout.count, layout.uniform_size)), per_group.unsqueeze(1)
+    return values, per_response(per_group, layout)
 
 
 def root_values(batch: RolloutBatch) -> torch.Tensor:

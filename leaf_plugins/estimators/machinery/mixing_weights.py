@@ -92,8 +92,9 @@ class KernelTerms:
     last slot in the lexicographic order (0 elsewhere), and ``pairs [3, N, K]`` one per
     response and partner where the two part (0 elsewhere); and the diagonal,
     ``diagonal [2, N, T]`` one per token with itself (``w (d e, d d)``: the variance's
-    coefficients need no ``w e e``), which the class units include. ``classes`` and ``diagonal`` are scratch buffers: valid until the
-    next ``kernel_terms`` call in this thread."""
+    coefficients need no ``w e e``), which the class units include. ``classes`` and
+    ``diagonal`` are scratch buffers: valid until the next ``kernel_terms`` call in this
+    thread."""
 
     classes: torch.Tensor
     pairs: torch.Tensor
@@ -203,7 +204,8 @@ def pooled_weight(terms: KernelTerms, layout: GroupLayout, usable: torch.Tensor,
     alone = scale * responses / others  # [G] a token's with itself
 
     def squares(units: torch.Tensor, coefficient: torch.Tensor) -> torch.Tensor:
-        """Σ (coefficient · (n + λ̂ d))² over the units, ``coefficient`` one per row of ``units [3, R, ...]``."""
+        """Σ (coefficient · (n + λ̂ d))² over the units ``(n, d, …) = units [2 or 3, R, ...]``,
+        ``coefficient [R]`` one per row."""
         residuals = scratch("pooled_weight residuals", tuple(units.shape[1:]), units.dtype, units.device)
         torch.addcmul(units[0], units[1], step, out=residuals)
         sizes = torch.linalg.vector_norm(residuals, dim=tuple(range(1, residuals.dim())))  # [R] float32, as above

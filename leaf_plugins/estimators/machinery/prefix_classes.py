@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from leaf_plugins.core.batch import RolloutBatch
-from leaf_plugins.estimators.machinery.prefixes import SortedPrefixes, first_difference, running_hashes
+from leaf_plugins.estimators.machinery.prefixes import SortedPrefixes, compact_hashes, first_difference
 from leaf_plugins.estimators.machinery.scratch import scratch
 
 __all__ = ["PrefixClasses"]
@@ -44,14 +44,8 @@ class PrefixClasses:
     def at_boundaries(cls, batch: RolloutBatch, positions: torch.Tensor) -> "PrefixClasses":
         """The exact prefix classes at ``positions [G, B]`` (``-1`` or 0: unused)."""
         reach = max(int(positions.max()), 1) if positions.numel() else 1
-        # int32 hashes halve the bytes the proof compares, where token ids allow; an even
-        # row width lets the proof read them as int64 column pairs
-        narrow = torch.int32 if batch.token_bound < 2**31 else torch.int64
-        tokens = batch.tokens[:, :reach]  # [N, R]
-        reach = tokens.shape[1]
-        width = reach + reach % 2 if narrow == torch.int32 else reach
-        hashes = scratch("hashes", (batch.size, width), narrow, batch.device)  # [N, W]: R, or R and a spare column
-        running_hashes(tokens, narrow, out=hashes)
+        # int32 rows of even width, where token ids allow: the proof reads them as int64 column pairs
+        hashes = compact_hashes(batch.tokens[:, :reach], batch.token_bound)  # [N, W]: R, or R and a spare column
         classes = cls._from_keys(batch, _hashes_at(hashes, batch, positions), positions)
         if classes._proven_on(hashes, batch, positions):
             return classes

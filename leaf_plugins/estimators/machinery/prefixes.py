@@ -22,7 +22,7 @@ import torch
 from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.estimators.machinery.scratch import scratch
 
-__all__ = ["SortedPrefixes", "range_minima", "running_hashes", "first_difference"]
+__all__ = ["SortedPrefixes", "range_minima", "running_hashes", "compact_hashes", "first_difference"]
 
 
 @dataclass(frozen=True)
@@ -54,11 +54,7 @@ class SortedPrefixes:
         contiguous (padding ``-1`` sorts before every token)."""
         layout = batch.groups
         width = batch.width
-        # int32 hashes halve the bytes compared, where token ids allow; an even row width lets
-        # _from_order read them as int64 column pairs
-        narrow = torch.int32 if batch.token_bound < 2**31 else torch.int64
-        columns = width + width % 2 if narrow == torch.int32 else width
-        hashes = running_hashes(batch.tokens, narrow, out=scratch("hashes", (batch.size, columns), narrow, batch.device))
+        hashes = compact_hashes(batch.tokens, batch.token_bound)  # [N, W]
         members = layout.members  # [G, K] batch index, -1 padded
         slots = members.shape[1]
         valid = members >= 0
@@ -215,6 +211,16 @@ def running_hashes(
     wide[:, reach:].zero_()
     wide.cumsum_(dim=1)
     return out if wide is out else out.copy_(wide)
+
+
+def compact_hashes(tokens: torch.Tensor, token_bound: int) -> torch.Tensor:
+    """``running_hashes`` of ``tokens [N, R]`` in the scratch buffer ``"hashes"``: int32
+    where token ids are below ``2**31`` (half the bytes to compare), with a spare column
+    when ``R`` is odd so that the rows can be read as int64 column pairs; int64 otherwise."""
+    reach = tokens.shape[1]
+    narrow = torch.int32 if token_bound < 2**31 else torch.int64
+    width = reach + reach % 2 if narrow == torch.int32 else reach
+    return running_hashes(tokens, narrow, out=scratch("hashes", (tokens.shape[0], width), narrow, tokens.device))
 
 
 def _hash_lcp(hashes: torch.Tensor, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
