@@ -59,25 +59,46 @@ def test_first_difference_on_rows_wider_than_int16_counts():
     assert first_difference(upper, lower).tolist() == [0, width - 1, 32_768, width]
 
 
-@pytest.mark.parametrize("width", [1, 2, 17, 63, 64, 65, 1024, 4095, 4096])
-def test_hash_lcp_search_finds_the_longest_common_prefix(width):
-    """The binary search over running hashes returns each pair's LCP (rows that share a
-    random prefix, identical rows, rows that differ at once), at widths around powers of
-    two, where the search takes one round more or less."""
-    from leaf_plugins.estimators.machinery.prefixes import _hash_lcp, running_hashes
+@pytest.mark.parametrize("width", [1, 2, 17, 31, 32, 33, 63, 64, 65, 1024, 4095])
+@pytest.mark.parametrize("large", [False, True])
+def test_block_search_finds_the_longest_common_prefix(width, large):
+    """Block hashes, then tokens inside the first block that differs, give each pair's LCP
+    (rows that share a random prefix, identical rows, rows that differ at once, rows that
+    part at a block's first or last column), at widths around multiples of the block, with
+    int32 rows and with token ids past 2**31 (int64 rows)."""
+    from leaf_plugins.estimators.machinery.prefixes import BLOCK, _block_lcp, block_hashes, compact_tokens
 
     generator = torch.Generator().manual_seed(width)
     rows = 12
-    trunk = torch.randint(0, 5, (width,), generator=generator)
+    offset = 2**40 if large else 0
+    trunk = torch.randint(0, 5, (width,), generator=generator) + offset
     shared = torch.randint(0, width + 1, (rows,), generator=generator)
     shared[0] = shared[1] = width  # two identical rows
     shared[2] = 0
-    fresh = torch.randint(5, 9, (rows, width), generator=generator)
+    shared[3], shared[4] = min(BLOCK, width), min(BLOCK - 1, width)  # parting at a block's edge
+    fresh = torch.randint(5, 9, (rows, width), generator=generator) + offset
     tokens = torch.where(torch.arange(width) < shared.unsqueeze(1), trunk, fresh)
+    compact = compact_tokens(tokens, offset + 9)
+    assert compact.dtype == (torch.int64 if large else torch.int32) and compact.shape[1] % BLOCK == 0
     left, right = torch.triu_indices(rows, rows, 1)  # every pair
-    found = _hash_lcp(running_hashes(tokens), left.view(2, -1), right.view(2, -1))
+    found = _block_lcp(compact, block_hashes(compact), left.view(2, -1), right.view(2, -1)).clamp(max=width)
     expected = first_difference_by_hand(tokens[left].tolist(), tokens[right].tolist())
     assert found.view(-1).tolist() == expected
+
+
+@pytest.mark.parametrize("tokens", [[[2, 1, 8, 8], [1, 2, 8, 8]], [[5, 2, 1], [5, 1, 2], [5, 2, 1]]])
+def test_order_catches_colliding_block_hashes(tokens, monkeypatch):
+    """With every multiplier 1 a block hash is a token sum: rows whose tokens are swapped
+    inside a block hash alike and the search takes them for equal. The exact check of the
+    order must fail and the plain sort decide."""
+    import leaf_plugins as lp
+    from leaf_plugins.estimators.machinery.prefixes import SortedPrefixes
+
+    exact_sorts = collide_hashes_and_count_exact_sorts(monkeypatch)
+    batch = lp.RolloutBatch.from_lists(tokens, [0.0] * len(tokens), [0] * len(tokens))
+    found = SortedPrefixes.lexicographic(batch)
+    assert exact_sorts, "the colliding hashes were never caught"
+    assert batch.tokens[found.order].tolist() == sorted(tokens)
 
 
 def _classes_at(tokens: list[list[int]], position: int):

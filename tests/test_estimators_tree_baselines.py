@@ -574,8 +574,10 @@ def test_kernel_terms_by_hand():
     totals = terms.classes.sum(dim=(1, 2, 3)) + terms.pairs.sum(dim=(1, 2))  # float32 sums of ~10 such terms
     assert totals.tolist() == pytest.approx([-1.2, 4.0, 2.88], abs=1e-5)
     # each token with itself, w (d e, d d): K_aa = .38, K_bb = .78 and K_cc = .5 (float32
-    # products of two or three numbers of size <= 3: within a few ulps, 1e-6)
-    assert terms.diagonal.permute(1, 2, 0).tolist() == [
+    # products of two or three numbers of size <= 3: within a few ulps, 1e-6), in the
+    # sorted layout, here the batch's order
+    assert prefixes.order.tolist() == [0, 1, 2]
+    assert terms.diagonal.flatten(1, 2).permute(1, 2, 0).tolist() == [
         [pytest.approx([0.38] * 2, abs=1e-6), pytest.approx([1.0, 2.0], abs=1e-6)],
         [pytest.approx([0.0, 0.0], abs=1e-6), pytest.approx([0.0, 0.0], abs=1e-6)],
         [pytest.approx([-2.34, 0.78], abs=1e-6), pytest.approx([0.0] * 2, abs=1e-6)]]
@@ -593,10 +595,10 @@ def test_pooled_weight_by_hand():
     scaled under 1e-4 of the largest) fits .5 with no residual; with no move, 0."""
     def terms(groups: list[tuple[list[float], list[float]]]) -> KernelTerms:  # (class unit, diagonal unit) each
         classes = torch.zeros(3, len(groups), 2, 1)
-        diagonal = torch.zeros(2, 2 * len(groups), 1)
+        diagonal = torch.zeros(2, len(groups), 2, 1)
         for g, (unit, own) in enumerate(groups):
             classes[:, g, 0, 0] = torch.tensor(unit)
-            diagonal[:, 2 * g, 0] = torch.tensor(own[:2])
+            diagonal[:, g, 0, 0] = torch.tensor(own[:2])
         return KernelTerms(classes, torch.zeros(3, 2 * len(groups), 2), diagonal)
 
     layout = lp.RolloutBatch.from_lists([[1]] * 4, [0.0, 1.0, 0.0, 1.0], [0, 0, 1, 1]).groups

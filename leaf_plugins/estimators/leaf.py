@@ -114,8 +114,8 @@ def surprisal_boundaries(batch: RolloutBatch, budget: int, horizon: str) -> torc
         score.masked_fill_(positions[:reach] >= shortest.unsqueeze(1), -torch.inf)
     else:
         reach = int(batch.lengths.max()) if batch.size else 0
-        inside = positions[:reach] < batch.lengths.unsqueeze(1)  # [N, R]
-        candidates = batch.surprisal[:, :reach].masked_fill(~inside, -torch.inf)  # [N, R]
+        inside = positions[:reach].float() < batch.lengths.float().unsqueeze(1)  # [N, R] (float compare: vectorised)
+        candidates = torch.where(inside, batch.surprisal[:, :reach], -torch.inf)  # [N, R]
         score = group_extreme(candidates, layout, "amax", empty=-torch.inf)  # [G, R]
     return greedy_boundaries(score, separation(shortest, budget), budget)
 

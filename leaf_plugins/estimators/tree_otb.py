@@ -133,6 +133,7 @@ class TreeOTB(TreeRLOO):
             prefixes = SortedPrefixes.of(batch) if _reads_order(batch, params) else None
             shared = None if prefixes is None else shared_prefix_lengths(batch, prefixes)  # [N, K] each
             intervals = path_intervals(batch, baselines.bounds, shared if params.prefix_mean else None)  # E+1 each
+            past_end = intervals.segment >= baselines.values.shape[1]  # [N, E+1] the intervals on the padding
             kinds = state_kinds(spread)  # [N, T] int32
             lowest = _other_responses_floor(batch)  # [N] f
             ridged = (torch.add(weights, real, alpha=params.ridge, out=scratch("tree_otb ridged", shape, weights.dtype,
@@ -140,14 +141,15 @@ class TreeOTB(TreeRLOO):
                       if params.ridge else weights)  # [N, T] w + ridge
             kappa = value_ratios(batch, ridged, kinds, lowest)  # [N, kinds] κ
             scale = per_response(group_scale(batch, params), layout)  # [N] c
-            table = _advantage_table(batch, baselines.values, intervals, kappa, lowest, scale, params)  # [N, cells]
+            table = _advantage_table(batch, baselines.values, intervals, kappa, lowest, scale, past_end,
+                                    params)  # [N, cells]
             cells = _as_index(torch.add(kinds, intervals.token_intervals(batch.width), alpha=KINDS,
                                         out=scratch("tree_otb cells", shape, torch.int32, device)),
                               "tree_otb cells")  # [N, T] interval · kinds + kind
             running = (running_weights(batch, weights, real, torch.float32 if params.own_share else torch.float64)
                        if params.own_share or mixed else None)  # W, Σ_j W_j
             if mixed:
-                otb = _otb_advantages(batch, intervals, cells, running, real, scale, params)  # [N, T] (scratch)
+                otb = _otb_advantages(batch, intervals, cells, running, real, scale, past_end, params)  # [N, T]
             share = _own_share(batch, running) if params.own_share else None  # [N, T] W_i / Σ_j W_j (over W)
             if mixed:
                 tree = torch.gather(table, 1, cells, out=scratch("tree_otb tree", shape, table.dtype, device))
@@ -177,20 +179,24 @@ def _reads_order(batch: RolloutBatch, params: TreeOTBParams) -> bool:
 
 
 def _otb_advantages(batch: RolloutBatch, intervals: PathIntervals, cells: torch.Tensor, running: RunningWeights,
-                    real: torch.Tensor, scale: torch.Tensor, params: TreeOTBParams) -> torch.Tensor:
+                    real: torch.Tensor, scale: torch.Tensor, past_end: torch.Tensor,
+                    params: TreeOTBParams) -> torch.Tensor:
     """``[N, T]`` float32 OTB's advantage on the ``running`` weights (with its own-return
     share under ``own_share``, the leave-one-out form without) with each token's reward
     replaced by its prefix class's mean reward (the ``cells [N, T]`` of the advantage
-    table), divided by ``scale [N]`` (float64 c); 0 for a response alone in its group, as
-    the tree's. In the scratch buffer ``"tree_otb otb"`` under ``own_share``."""
-    means = intervals.class_means(batch.rewards.double().unsqueeze(1)).float()  # [N, E+1] class mean rewards
-    per_cell = means.unsqueeze(2).expand(-1, -1, KINDS).reshape(batch.size, -1)  # [N, (E+1) · kinds], as the table
-    rewards = torch.gather(per_cell, 1, cells, out=scratch("tree_otb otb", tuple(cells.shape), torch.float32,
-                                                              cells.device))  # [N, T]
-    advantage = replaced_reward_advantages(batch, rewards, running, real, params.own_share)  # [N, T]
+    table; ``past_end [N, E+1]``: the intervals on the padding), divided by ``scale [N]``
+    (float64 c, the same for a whole group); 0 for a response alone in its group, as the
+    tree's. In the scratch buffer ``"tree_otb otb"`` under ``own_share``."""
     alone = per_response(batch.groups.sizes, batch.groups) < 2  # [N]
-    divisor = torch.where(alone, torch.inf, scale).float().unsqueeze(1)  # [N, 1]
-    return advantage.div_(divisor)
+    divisor = torch.where(alone, torch.inf, scale).unsqueeze(1)  # [N, 1] float64 (∞: 0)
+    # r / c rounded to float32 as the class means are: a response alone in its class then cancels
+    # exactly from the leave-one-out sum, however small the others' weights
+    returns = batch.rewards.double().unsqueeze(1).div_(divisor).float().double()  # [N, 1] r / c
+    means = intervals.class_means(returns).squeeze(2).masked_fill_(past_end, 0.0).float()  # [N, E+1] of r / c
+    per_cell = means.unsqueeze(2).expand(-1, -1, KINDS).reshape(batch.size, -1)  # [N, (E+1) · kinds], as the table
+    replaced = torch.gather(per_cell, 1, cells, out=scratch("tree_otb otb", tuple(cells.shape), torch.float32,
+                                                               cells.device))  # [N, T]
+    return replaced_reward_advantages(batch, returns.squeeze(1), replaced, running, real, params.own_share)
 
 
 def _learnt_weight(batch: RolloutBatch, prefixes: SortedPrefixes | None,
@@ -269,7 +275,8 @@ def value_ratios(batch: RolloutBatch, weights: torch.Tensor, kinds: torch.Tensor
 
 
 def _advantage_table(batch: RolloutBatch, values: torch.Tensor, intervals: PathIntervals, kappa: torch.Tensor,
-                     lowest: torch.Tensor, scale: torch.Tensor, params: TreeOTBParams) -> torch.Tensor:
+                     lowest: torch.Tensor, scale: torch.Tensor, past_end: torch.Tensor,
+                     params: TreeOTBParams) -> torch.Tensor:
     """``[N, (E+1) · kinds]`` float32 advantage before the own share of every cell
     ``interval · kinds + kind``: the mean over the interval's prefix class of
     ``((r − f) − κ (V̂ − f)) / c`` (``values [N, D+1]`` V̂ on each path segment,
@@ -281,10 +288,10 @@ def _advantage_table(batch: RolloutBatch, values: torch.Tensor, intervals: PathI
     columns = torch.cat([batch.rewards.double().unsqueeze(1), values], dim=1).sub_(floor)  # [N, D+2] r − f, V̂ − f
     if params.scale != "none":
         columns.div_(scale.unsqueeze(1))
-    above = intervals.class_means(columns[:, :1])  # [N, E+1]
+    above = intervals.class_means(columns[:, :1])  # [N, E+1, 1]
     below = intervals.class_means_times(columns[:, 1:], kappa)  # [N, E+1, kinds] class mean of κ (V̂ − f)
-    table = (above.unsqueeze(2) - below).float()  # [N, E+1, kinds]
-    table.mul_((intervals.segment < values.shape[1]).unsqueeze(2))  # 0 on the padding
+    table = (above - below).float()  # [N, E+1, kinds]
+    table.masked_fill_(past_end.unsqueeze(2), 0.0)  # 0 on the padding
     if not params.own_share:  # a response alone has no other to learn from: 0, as with its own share
         table.mul_((per_response(layout.sizes, layout) > 1).view(-1, 1, 1))
     return table.view(batch.size, -1)

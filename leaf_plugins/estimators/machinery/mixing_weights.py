@@ -91,8 +91,9 @@ class KernelTerms:
     (float32): ``classes [3, G, K, T]`` one per prefix class and position, at the class's
     last slot in the lexicographic order (0 elsewhere), and ``pairs [3, N, K]`` one per
     response and partner where the two part (0 elsewhere); and the diagonal,
-    ``diagonal [2, N, T]`` one per token with itself (``w (d e, d d)``: the variance's
-    coefficients need no ``w e e``), which the class units include. ``classes`` and
+    ``diagonal [2, G, K, T]`` one per token with itself (``w (d e, d d)``: the variance's
+    coefficients need no ``w e e``), which the class units include, in the same sorted
+    layout as ``classes`` (0 for an empty slot). ``classes`` and
     ``diagonal`` are scratch buffers: valid until the next ``kernel_terms`` call in this
     thread."""
 
@@ -138,6 +139,11 @@ def kernel_terms(batch: RolloutBatch, prefixes: SortedPrefixes, shared: torch.Te
     ends = scratch("kernel_terms ends", (groups * slots, width), base.dtype, device)  # w at the runs' last slots
     torch.index_select(w, 0, order, out=ends)
     ends = ends.view(groups, slots, width)
+    # each token with itself, from the sorted copies while they are at hand (the scan overwrites them)
+    diagonal = scratch("kernel_terms diagonal", (2, groups, slots, width), base.dtype, device)
+    torch.mul(sums[1], ends, out=diagonal[1])  # w d
+    torch.mul(diagonal[1], sums[0], out=diagonal[0])
+    diagonal[1].mul_(sums[1])
     # float compares into float masks (vectorised; positions and gaps are exact in float32 below 2^24)
     positions = torch.arange(width, dtype=base.dtype, device=device)
     gaps = prefixes.gap_matrix.to(base.dtype).unsqueeze(2)  # [G, K-1, 1]
@@ -147,26 +153,23 @@ def kernel_terms(batch: RolloutBatch, prefixes: SortedPrefixes, shared: torch.Te
         sums[:, :, slot].addcmul_(sums[:, :, slot - 1], joins[:, slot - 1])
     # at a run's last slot that is the class sum: Σ_{j ∈ C} x_j w Σ_{l ∈ C} y_l = w X_C Y_C, w read there (a
     # policy's w is a function of the prefix through t, the same for the whole class)
-    ends[:, :-1].mul_(torch.le(gaps, positions, out=joins))  # 0 where the next slot joins the run
+    ends[:, :-1].addcmul_(ends[:, :-1], joins, value=-1)  # 0 where the next slot joins the run (w − w · 1)
     class_e, class_d = sums.unbind(0)  # [G, K, T] Σ_C e, Σ_C d at the runs' last slots
     classes = scratch("kernel_terms classes", (3, groups, slots, width), base.dtype, device)
     weighted_d = torch.mul(class_d, ends, out=classes[2])  # d's class sum times w, for the two products below
     torch.mul(weighted_d, class_e, out=classes[0])
     torch.mul(weighted_d, class_d, out=classes[1])
     torch.mul(class_e, ends, out=classes[2]).mul_(class_e)
-    diagonal = scratch("kernel_terms diagonal", (2, rows, width), base.dtype, device)  # each token with itself
-    torch.mul(move, w, out=diagonal[1])  # w d
-    torch.mul(diagonal[1], base, out=diagonal[0])
-    diagonal[1].mul_(move)
     # ---- the rest of the state: one term per pair (j, l) that parts at t = shared < T
     parting = (shared >= 0) & (shared < width)  # [N, K]
     at = shared.clamp(0, max(width - 1, 0))  # [N, K]
     own = (torch.arange(rows, device=base.device).unsqueeze(1) * width + at).view(-1)  # [N·K] (j, t)
     other = (partners * width + at).view(-1)  # [N·K] (l, t)
-    flat = [values.reshape(-1) for values in (base, move, batch.logprobs, v)]
-    x_e, x_d, log_j, v_j = (values.index_select(0, own).view(rows, -1) for values in flat)  # [N, K] each
-    y_e, y_d, log_l = (values.index_select(0, other).view(rows, -1) for values in flat[:3])
-    u_j, u_l = torch.expm1(log_j).neg_(), torch.expm1(log_l).neg_()  # [N, K] 1 − π of each one's token
+    both = torch.cat([own, other])  # [2 · N·K]
+    (x_e, y_e), (x_d, y_d), (u_j, u_l) = (values.reshape(-1).index_select(0, both).view(2, rows, -1)
+                                          for values in (base, move, batch.logprobs))  # [N, K] each
+    v_j = v.reshape(-1).index_select(0, own).view(rows, -1)  # [N, K]
+    u_j, u_l = torch.expm1(torch.stack([u_j, u_l])).neg_()  # [N, K] 1 − π of each one's token (from log π)
     factor = (u_j - v_j - 1 + u_l).mul_(parting)  # [N, K]: (K y) = ((u_j − v_j − 1) + u_l) y_l for y = e, d
     factor = torch.where(factor.isfinite(), factor, 0.0)  # a padding position's log π may be anything
     pairs = torch.stack([x_d * factor * y_e, x_d * factor * y_d, x_e * factor * y_e])  # [3, N, K]
@@ -181,12 +184,11 @@ def pooled_weight(terms: KernelTerms, layout: GroupLayout, usable: torch.Tensor,
     ``confidence`` standard errors over the terms (see the module); 0 where they carry no
     move. A tensor, not a number: no host synchronisation.
 
-    Each group's sums over its class terms are float32 per slot and over its diagonal
-    per response (at most ``T`` terms: a relative error below ``T · 2⁻²⁴`` of their
-    sizes), the rest float64."""
+    Each group's sums over its class and diagonal terms are float32 per slot (at most
+    ``T`` terms: a relative error below ``T · 2⁻²⁴`` of their sizes), the rest float64."""
     class_sums = terms.classes.sum(dim=3).double().sum(dim=2)  # [3, G]
     pair_sums = group_sum(terms.pairs.sum(dim=2).double().T, layout).T  # [3, G]
-    diagonal_sums = group_sum(terms.diagonal.sum(dim=2).double().T, layout).T  # [2, G]
+    diagonal_sums = terms.diagonal.sum(dim=3).double().sum(dim=2)  # [2, G]
     full = class_sums + pair_sums  # [3, G]: N_g, D_g, Z_g = Q_g(0)
     size = full[2]
     responses = layout.sizes.double()  # [G] K
@@ -213,6 +215,6 @@ def pooled_weight(terms: KernelTerms, layout: GroupLayout, usable: torch.Tensor,
 
     residual = (squares(terms.classes, shared)
                 + squares(terms.pairs, per_response(shared, layout))
-                + squares(terms.diagonal, per_response(alone, layout)))
+                + squares(terms.diagonal, alone))
     error = residual.sqrt() / below.clamp(min=1e-300)
     return torch.where(carried, fitted - confidence * error, 0.0).clamp(min=0, max=1)

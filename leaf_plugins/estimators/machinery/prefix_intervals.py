@@ -22,6 +22,7 @@ table) and one gather per token give every token its class mean.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -62,32 +63,36 @@ class PathIntervals:
         marks.scatter_add_(1, self.events, torch.ones_like(self.events))
         return scratch("token intervals", (rows, width), torch.int32, device).copy_(marks.cumsum_(dim=1)[:, :width])
 
-    def class_means(self, per_segment: torch.Tensor) -> torch.Tensor:
-        """``[N, E+1]`` the mean, over each interval's class, of the members' values
-        ``per_segment [N, S]`` on the interval's path segment (clamped to ``S − 1``: a
-        per-response value is ``[N, 1]``). The members share the response's tokens up to
-        the interval, so they are on the same segment of the same path."""
-        values, mask = self._member_values(per_segment)  # [N, E+1, K] each
-        return (values * mask).sum(dim=2) / mask.sum(dim=2).clamp(min=1)
+    @cached_property
+    def shares(self) -> torch.Tensor:
+        """``[N, E+1, K]`` float64 each partner's weight in the mean over each interval's
+        class: one over the class's size for its members, 0 for the others."""
+        members = self.members.double()
+        return members.div_(members.sum(dim=2, keepdim=True).clamp_(min=1))
+
+    def class_means(self, per_response: torch.Tensor) -> torch.Tensor:
+        """``[N, E+1, C]`` float64 the mean, over each interval's class, of the members'
+        values ``per_response [N, C]`` (float64): one batched product of ``[E+1, K]`` by
+        ``[K, C]`` per response."""
+        return torch.bmm(self.shares, self._partner_rows(per_response))
 
     def class_means_times(self, per_segment: torch.Tensor, per_member: torch.Tensor) -> torch.Tensor:
-        """``[N, E+1, C]`` the mean, over each interval's class, of the members' values
-        ``per_segment [N, S]`` on the interval's path segment times their rows
-        ``per_member [N, C]``: one batched product of ``[E+1, K]`` by ``[K, C]`` per
-        response, not a ``[N, E+1, K, C]`` table."""
-        values, mask = self._member_values(per_segment)  # [N, E+1, K] each
+        """``[N, E+1, C]`` float64 the mean, over each interval's class, of the members'
+        values ``per_segment [N, S]`` (float64) on the interval's path segment (the
+        members share the response's tokens up to the interval, so they are on the same
+        segment of the same path; clamped to ``S − 1``) times their rows
+        ``per_member [N, C]``: one batched product per response, not a
+        ``[N, E+1, K, C]`` table."""
         partners = self.partners.shape[1]
-        rows = per_member.index_select(0, self.partners.reshape(-1)).view(-1, partners, per_member.shape[1])  # [N, K, C]
-        return torch.bmm(values.mul_(mask), rows).div_(mask.sum(dim=2, keepdim=True).clamp(min=1))
+        rows = self._partner_rows(per_segment).transpose(1, 2)  # [N, S, K]
+        index = self.segment.clamp(max=per_segment.shape[1] - 1).unsqueeze(2).expand(-1, -1, partners)  # [N, E+1, K]
+        values = rows.gather(1, index)  # [N, E+1, K]
+        return torch.bmm(values.mul_(self.shares), self._partner_rows(per_member))
 
-    def _member_values(self, per_segment: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``([N, E+1, K], [N, E+1, K])``: each partner's value ``per_segment [N, S]`` on
-        each interval's path segment, and whether it is in the interval's class (1.0 / 0.0)."""
+    def _partner_rows(self, per_response: torch.Tensor) -> torch.Tensor:
+        """``[N, K, C]`` the rows of ``per_response [N, C]`` of each response's partners."""
         partners = self.partners.shape[1]
-        rows = per_segment.index_select(0, self.partners.reshape(-1)).view(-1, partners, per_segment.shape[1])
-        index = self.segment.clamp(max=per_segment.shape[1] - 1).unsqueeze(1).expand(-1, partners, -1)
-        values = rows.gather(2, index).transpose(1, 2)  # [N, E+1, K]
-        return values, self.members.to(per_segment.dtype)
+        return per_response.index_select(0, self.partners.reshape(-1)).view(-1, partners, per_response.shape[1])
 
 
 @torch.inference_mode()

@@ -6,10 +6,12 @@ prefix (LCP), found by one exact token comparison, decides everything: responses
 their first ``p`` tokens iff every adjacent LCP between them is at least ``p``.
 
 Finding that order by comparing whole rows is slow when responses share long prefixes,
-so it is proposed from running prefix hashes and then *checked exactly* on the tokens;
-in the (never observed) event of a hash collision the exact check fails and the order
-is recomputed by a plain lexicographic sort of the rows, which is also what
-``prefix_classes`` falls back on. Results are exact either way.
+so it is proposed from hashes of blocks of ``BLOCK`` tokens (two responses compared block
+hash by block hash, then token by token inside the first block that differs) and then
+*checked exactly* on the tokens; in the (never observed) event of a hash collision the
+exact check fails and the order is recomputed by a plain lexicographic sort of the
+rows, which is also what ``prefix_classes`` falls back on (it compares running prefix
+hashes, ``running_hashes``). Results are exact either way.
 """
 
 from __future__ import annotations
@@ -22,7 +24,12 @@ import torch
 from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.estimators.machinery.scratch import scratch
 
-__all__ = ["SortedPrefixes", "range_minima", "running_hashes", "compact_hashes", "first_difference"]
+__all__ = ["SortedPrefixes", "range_minima", "running_hashes", "compact_hashes", "compact_tokens", "block_hashes",
+           "first_difference", "BLOCK"]
+
+BLOCK = 32
+"""Columns per block of ``block_hashes``: the order compares two responses block hash by
+block hash, then token by token inside the first block that differs."""
 
 
 @dataclass(frozen=True)
@@ -54,23 +61,24 @@ class SortedPrefixes:
         contiguous (padding ``-1`` sorts before every token)."""
         layout = batch.groups
         width = batch.width
-        hashes = compact_hashes(batch.tokens, batch.token_bound)  # [N, W]
+        rows = compact_tokens(batch.tokens, batch.token_bound)  # [N, W]: W a multiple of BLOCK
         members = layout.members  # [G, K] batch index, -1 padded
         slots = members.shape[1]
         valid = members >= 0
-        rows = members.clamp(min=0)
+        members_at = members.clamp(min=0)
         first, second = torch.triu_indices(slots, slots, 1, device=batch.device)  # [P] slot pairs, first < second
-        left, right = rows[:, first], rows[:, second]  # [G, P]
-        shared = _hash_lcp(hashes, left, right).clamp_(max=width)  # [G, P] (the spare column repeats the last)
+        left, right = members_at[:, first], members_at[:, second]  # [G, P]
+        shared = _block_lcp(rows, block_hashes(rows), left, right).clamp_(max=width)  # [G, P]
         # the second slot sorts first iff its next token is smaller (identical rows keep slot order)
-        swapped = _token_after(batch.tokens, right, shared) < _token_after(batch.tokens, left, shared)  # [G, P]
+        after = _token_after(batch.tokens, torch.stack([right, left]), shared)  # [2, G, P]
+        swapped = after[0] < after[1]  # [G, P]
         rank = torch.zeros_like(members)  # [G, K]: how many real slots sort before each slot
         rank.index_add_(1, first, (swapped & valid[:, second]).long())
         rank.index_add_(1, second, (~swapped & valid[:, first]).long())
         rank.masked_fill_(~valid, slots)
         positions = torch.arange(slots, device=batch.device)
         order = members.gather(1, rank.argsort(dim=1))[valid.sum(dim=1, keepdim=True) > positions]  # [N]
-        prefixes = cls._from_order(batch, order, hashes)
+        prefixes = cls._from_order(batch, order, rows)
         if not prefixes._is_lexicographic(batch):
             return cls.lexicographic_exact(batch)
         return prefixes
@@ -87,10 +95,10 @@ class SortedPrefixes:
     @classmethod
     def _from_order(cls, batch: RolloutBatch, order: torch.Tensor, hashes: torch.Tensor | None = None) -> "SortedPrefixes":
         """The responses in ``order [N]`` with their exact adjacent LCPs, found by comparing
-        the tokens or, where given, the batch's running ``hashes`` (``running_hashes``,
-        int64 or int32 of even width): two rows' hashes agree on their first ``p`` columns
-        exactly when their tokens do, and int32 rows are compared as int64 column pairs,
-        a quarter of the bytes of the tokens."""
+        the tokens or, where given, ``hashes`` ``[N, W]`` that agree on their first ``p``
+        columns exactly when the tokens do (``compact_tokens``, or ``running_hashes``;
+        int64, or int32 of even width): int32 rows are compared as int64 column pairs,
+        half the bytes of the tokens."""
         layout = batch.groups
         n, reach = batch.size, batch.width
         group = layout.index[order]  # [N]
@@ -105,8 +113,8 @@ class SortedPrefixes:
                 width = hashes.shape[1]
                 column = (2 * unit).clamp_(max=max(width - 2, 0))  # [N-1]
                 same_first = hashes.take(order[:-1] * width + column) == hashes.take(order[1:] * width + column)
-                unit = (2 * unit + same_first).clamp_(max=reach)
-            lcp[1:] = torch.where(group[1:] == group[:-1], unit, -1)
+                unit = 2 * unit + same_first
+            lcp[1:] = torch.where(group[1:] == group[:-1], unit.clamp_(max=reach), -1)  # columns past R are padding
         start = torch.cumsum(layout.sizes, 0) - layout.sizes  # [G]
         slot = torch.arange(n, device=batch.device) - start[group]  # [N]
         return cls(order, group, lcp, slot, layout.sizes, reach)
@@ -117,8 +125,7 @@ class SortedPrefixes:
         if inner.numel() == 0:
             return True
         split = self.lcp[inner]  # [P]
-        before = _token_after(batch.tokens, self.order[inner - 1], split)
-        after = _token_after(batch.tokens, self.order[inner], split)
+        before, after = _token_after(batch.tokens, torch.stack([self.order[inner - 1], self.order[inner]]), split)
         return bool(((before < after) | (split >= self.reach)).all())
 
     # ------------------------------------------------------------------ views
@@ -223,29 +230,61 @@ def compact_hashes(tokens: torch.Tensor, token_bound: int) -> torch.Tensor:
     return running_hashes(tokens, narrow, out=scratch("hashes", (tokens.shape[0], width), narrow, tokens.device))
 
 
-def _hash_lcp(hashes: torch.Tensor, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
-    """Longest prefix length on which the hashes of rows ``left`` and ``right`` agree
-    (broadcast shapes), by binary search over the prefix length, one bit per round."""
-    width = hashes.shape[1]
-    shape = torch.broadcast_shapes(left.shape, right.shape)
-    # flat offsets of "length 0" of both rows (never read: candidates are >= 1),
-    # stacked so that one take() reads both hashes
-    offsets = torch.stack(torch.broadcast_tensors(left * width - 1, right * width - 1))  # [2, ...]
-    low = torch.zeros(shape, dtype=torch.int64, device=hashes.device)
-    step = 1 << max(width.bit_length() - 1, 0)
-    while step and width:
-        candidate = (low + step).clamp_(max=width)
-        both = hashes.take(offsets + candidate)  # [2, ...]: hash of each row's first `candidate` tokens
-        low = torch.where(both[0] == both[1], candidate, low)
-        step >>= 1
-    return low
+def compact_tokens(tokens: torch.Tensor, token_bound: int) -> torch.Tensor:
+    """``[N, W]`` the ``tokens [N, R]`` in the scratch buffer ``"compact tokens"``, ``W``
+    the next multiple of ``BLOCK`` (columns past ``R`` hold the padding, ``-1``): int32
+    where token ids are below ``2**31`` (half the bytes to compare, and an even width,
+    so that the rows can be read as int64 column pairs), int64 otherwise."""
+    count, reach = tokens.shape
+    dtype = torch.int32 if token_bound < 2**31 else torch.int64
+    compact = scratch("compact tokens", (count, -(-reach // BLOCK) * BLOCK), dtype, tokens.device)
+    compact[:, :reach].copy_(tokens)
+    compact[:, reach:].fill_(-1)
+    return compact
+
+
+def block_hashes(rows: torch.Tensor) -> torch.Tensor:
+    """``[N, W / BLOCK]`` one hash per block of ``BLOCK`` columns of ``rows [N, W]``
+    (``compact_tokens``): the sum of token times a random odd multiplier per column,
+    wrapping in the rows' dtype. Equal blocks hash equal; unequal ones collide with
+    probability about ``2**-32`` (int32)."""
+    count, width = rows.shape
+    multipliers = _odd_multipliers(width, rows.dtype, str(rows.device))  # [W]
+    products = torch.mul(rows, multipliers, out=scratch("block hashes", (count, width), rows.dtype, rows.device))
+    return products.view(count, width // BLOCK, BLOCK).sum(dim=2, dtype=rows.dtype)
+
+
+def _block_lcp(rows: torch.Tensor, hashes: torch.Tensor, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """Longest common prefix of rows ``left`` and ``right`` of ``rows [N, W]`` (``[G, P]``
+    index pairs), ``W`` where they are equal: the first block whose ``hashes [N, W / BLOCK]``
+    (``block_hashes``) differ, then the first column that differs inside it. Exact
+    unless two unequal blocks before it hash alike (the order's exact check catches that)."""
+    width = rows.shape[1]
+    if width == 0:
+        return torch.zeros_like(left)
+    count = hashes.shape[1]
+    shape = tuple(left.shape)
+
+    def pairs(values: torch.Tensor, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+        """Whether the rows ``first`` and ``second`` of ``values [M, C]`` differ at each column, and the first where
+        they do (``[G, P]`` each); whole-row selections, the fastest gather on the CPU."""
+        both = torch.index_select(values, 0, torch.cat([first.reshape(-1), second.reshape(-1)]))
+        both = both.view(2, *shape, values.shape[1])
+        return torch.ne(both[0], both[1]).max(dim=-1)
+
+    differs, block = pairs(hashes, left, right)  # [G, P]: any block differs, the first that does
+    blocks = rows.view(-1, BLOCK)  # [N · W / BLOCK, BLOCK]
+    inside, offset = pairs(blocks, left * count + block, right * count + block)  # [G, P] inside that block
+    return torch.where(differs & inside, block * BLOCK + offset, width)
 
 
 def _token_after(tokens: torch.Tensor, rows: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
-    """The token at position ``prefix`` of ``rows``; ``-2`` past the padded width, so
-    that identical rows compare equal there."""
+    """The token at position ``prefix`` of ``rows`` (the two broadcast together); ``-2``
+    past the padded width, so that identical rows compare equal there."""
     width = tokens.shape[1]
-    values = tokens[rows, prefix.clamp(max=max(width - 1, 0))] if width else torch.zeros_like(prefix)
+    if width == 0:
+        return torch.full(torch.broadcast_shapes(rows.shape, prefix.shape), -2, dtype=tokens.dtype, device=tokens.device)
+    values = tokens.view(-1).take(rows * width + prefix.clamp(max=width - 1))  # rows and prefix broadcast
     return torch.where(prefix < width, values, -2)
 
 
