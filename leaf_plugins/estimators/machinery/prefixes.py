@@ -265,16 +265,17 @@ def _block_lcp(rows: torch.Tensor, hashes: torch.Tensor, left: torch.Tensor, rig
     count = hashes.shape[1]
     shape = tuple(left.shape)
 
-    def pairs(values: torch.Tensor, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
-        """Whether the rows ``first`` and ``second`` of ``values [M, C]`` differ at each column, and the first where
-        they do (``[G, P]`` each); whole-row selections, the fastest gather on the CPU."""
+    def first_differences(values: torch.Tensor, first: torch.Tensor,
+                          second: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Whether rows ``first`` and ``second`` of ``values [M, C]`` differ, and the
+        first column where they do (``[G, P]`` each), from whole-row selections."""
         both = torch.index_select(values, 0, torch.cat([first.reshape(-1), second.reshape(-1)]))
         both = both.view(2, *shape, values.shape[1])
         return torch.ne(both[0], both[1]).max(dim=-1)
 
-    differs, block = pairs(hashes, left, right)  # [G, P]: any block differs, the first that does
+    differs, block = first_differences(hashes, left, right)  # [G, P]: any block differs, the first that does
     blocks = rows.view(-1, BLOCK)  # [N · W / BLOCK, BLOCK]
-    inside, offset = pairs(blocks, left * count + block, right * count + block)  # [G, P] inside that block
+    inside, offset = first_differences(blocks, left * count + block, right * count + block)  # [G, P] in that block
     return torch.where(differs & inside, block * BLOCK + offset, width)
 
 
@@ -283,7 +284,8 @@ def _token_after(tokens: torch.Tensor, rows: torch.Tensor, prefix: torch.Tensor)
     past the padded width, so that identical rows compare equal there."""
     width = tokens.shape[1]
     if width == 0:
-        return torch.full(torch.broadcast_shapes(rows.shape, prefix.shape), -2, dtype=tokens.dtype, device=tokens.device)
+        shape = torch.broadcast_shapes(rows.shape, prefix.shape)
+        return torch.full(shape, -2, dtype=tokens.dtype, device=tokens.device)
     values = tokens.view(-1).take(rows * width + prefix.clamp(max=width - 1))  # rows and prefix broadcast
     return torch.where(prefix < width, values, -2)
 
