@@ -93,13 +93,11 @@ def running_weights(batch: RolloutBatch, weights: torch.Tensor, real: torch.Tens
 
 
 @torch.inference_mode()
-def replaced_reward_advantages(batch: RolloutBatch, returns: torch.Tensor, replaced: torch.Tensor,
-                               running: RunningWeights, real: torch.Tensor, own_share: bool) -> torch.Tensor:
-    """``[N, T]`` float32 OTB's advantage of every token, its baseline taken over the
-    responses' ``returns [N]`` (float64: the rewards, or the rewards divided by one
-    number per group) and the response's own return replaced by ``replaced [N, T]``
-    (float32 per token, in the units of ``returns``, 0 on padding: e.g. the mean reward
-    of the responses that share its prefix through it), on the ``running`` weights of
+def replaced_reward_advantages(batch: RolloutBatch, replaced: torch.Tensor, running: RunningWeights,
+                               real: torch.Tensor, own_share: bool) -> torch.Tensor:
+    """``[N, T]`` float32 OTB's advantage of every token with the response's own reward
+    replaced by ``replaced [N, T]`` (float32 per token, 0 on padding: e.g. the mean
+    reward of the responses that share its prefix through it), on the ``running`` weights of
     ``running_weights`` (from ``stable_token_weights``, which keeps the weights of
     near-deterministic tokens that ``token_weights``' float32 ``1 − 2π + Σπ²`` gets up to
     10% wrong); 0 on padding (``real``: the float mask of ``real_tokens``). With
@@ -110,17 +108,17 @@ def replaced_reward_advantages(batch: RolloutBatch, returns: torch.Tensor, repla
     where fewer than two run or they have no weight (verl adds ``ε`` to the denominator,
     which moves the baseline toward 0 where every weight is tiny: without it, shifting
     all rewards shifts the baseline with them). Without, it leaves the response out,
-    ``(Σ_j W_j r_j − W_i ρ) / (Σ_j W_j − W_i)`` (``ρ`` the replaced return; for ``ρ = r_i``
-    the W-weighted mean return of the others), 0 where the others running have no weight
+    ``(Σ_j W_j r_j − W_i ρ) / (Σ_j W_j − W_i)`` (``ρ`` the replaced reward; for ``ρ = r_i``
+    the W-weighted mean reward of the others), 0 where the others running have no weight
     (among them a response alone): that baseline depends on neither the response's
     tokens from ``t`` on nor its reward. ``running`` should be float32 with the share (at
     most ``T`` positive terms in ``W``, a relative error below ``T · 2⁻²⁴``, as in
     ``optimal_token_baselines``) and float64 without (``Σ_j W_j − W_i`` cancels)."""
     layout = batch.groups
     cumulative, total = running.cumulative, running.total  # [N, T], [G, T]
-    weighted_returns = scratch("otb weighted rewards", tuple(cumulative.shape), cumulative.dtype, cumulative.device)
-    torch.mul(cumulative, returns.to(cumulative.dtype).unsqueeze(1), out=weighted_returns)  # [N, T] W_j r_j
-    weighted = group_sum(weighted_returns, layout)  # [G, T] Σ_j W_j r_j
+    weighted_rewards = scratch("otb weighted rewards", tuple(cumulative.shape), cumulative.dtype, cumulative.device)
+    torch.mul(cumulative, batch.rewards.to(cumulative.dtype).unsqueeze(1), out=weighted_rewards)  # [N, T] W_j r_j
+    weighted = group_sum(weighted_rewards, layout)  # [G, T] Σ_j W_j r_j
     if own_share:
         baseline = torch.where(total > 0, weighted.div_(total.clamp(min=1e-30)), 0.0)  # [G, T]
         positions = torch.arange(batch.width, device=batch.device)
@@ -129,7 +127,7 @@ def replaced_reward_advantages(batch: RolloutBatch, returns: torch.Tensor, repla
         rows.addcmul_(baselines, real.view(rows.shape), value=-1)  # ρ − b on real tokens, 0 on padding
         return replaced
     others = per_response(total, layout).sub_(cumulative)  # [N, T] Σ_{j≠i} W_j
-    leave_out = per_response(weighted, layout).sub_(weighted_returns.copy_(cumulative).mul_(replaced))
+    leave_out = per_response(weighted, layout).sub_(weighted_rewards.copy_(cumulative).mul_(replaced))
     leave_out.div_(others.clamp(min=1e-300))
     return (replaced - torch.where(others > 0, leave_out, 0.0)).float().mul_(real)
 

@@ -185,18 +185,16 @@ def _otb_advantages(batch: RolloutBatch, intervals: PathIntervals, cells: torch.
     share under ``own_share``, the leave-one-out form without) with each token's reward
     replaced by its prefix class's mean reward (the ``cells [N, T]`` of the advantage
     table; ``past_end [N, E+1]``: the intervals on the padding), divided by ``scale [N]``
-    (float64 c, the same for a whole group); 0 for a response alone in its group, as the
-    tree's. In the scratch buffer ``"tree_otb otb"`` under ``own_share``."""
-    alone = per_response(batch.groups.sizes, batch.groups) < 2  # [N]
-    divisor = torch.where(alone, torch.inf, scale).unsqueeze(1)  # [N, 1] float64 (∞: 0)
-    # r / c rounded to float32 as the class means are: a response alone in its class then cancels
-    # exactly from the leave-one-out sum, however small the others' weights
-    returns = batch.rewards.double().unsqueeze(1).div_(divisor).float().double()  # [N, 1] r / c
-    means = intervals.class_means(returns).squeeze(2).masked_fill_(past_end, 0.0).float()  # [N, E+1] of r / c
-    per_cell = means.unsqueeze(2).expand(-1, -1, KINDS).reshape(batch.size, -1)  # [N, (E+1) · kinds], as the table
+    (float64 c); 0 for a response alone in its group, as the tree's. In the scratch
+    buffer ``"tree_otb otb"`` under ``own_share``."""
+    means = intervals.class_means(batch.rewards.double().unsqueeze(1)).squeeze(2)  # [N, E+1] class mean rewards
+    per_cell = means.masked_fill_(past_end, 0.0).float().unsqueeze(2).expand(-1, -1, KINDS).reshape(batch.size, -1)
     replaced = torch.gather(per_cell, 1, cells, out=scratch("tree_otb otb", tuple(cells.shape), torch.float32,
-                                                               cells.device))  # [N, T]
-    return replaced_reward_advantages(batch, returns.squeeze(1), replaced, running, real, params.own_share)
+                                                               cells.device))  # [N, T], as the table's cells
+    advantage = replaced_reward_advantages(batch, replaced, running, real, params.own_share)  # [N, T]
+    alone = per_response(batch.groups.sizes, batch.groups) < 2  # [N]
+    divisor = torch.where(alone, torch.inf, scale).float().unsqueeze(1)  # [N, 1]
+    return advantage.div_(divisor)
 
 
 def _learnt_weight(batch: RolloutBatch, prefixes: SortedPrefixes | None,

@@ -64,17 +64,19 @@ class PathIntervals:
         return scratch("token intervals", (rows, width), torch.int32, device).copy_(marks.cumsum_(dim=1)[:, :width])
 
     @cached_property
-    def shares(self) -> torch.Tensor:
-        """``[N, E+1, K]`` float64 each partner's weight in the mean over each interval's
-        class: one over the class's size for its members, 0 for the others."""
+    def _membership(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``([N, E+1, K], [N, E+1, 1])`` float64: 1.0 for the partners in each interval's
+        class (0.0 for the others), and the class's size (at least 1)."""
         members = self.members.double()
-        return members.div_(members.sum(dim=2, keepdim=True).clamp_(min=1))
+        return members, members.sum(dim=2, keepdim=True).clamp_(min=1)
 
     def class_means(self, per_response: torch.Tensor) -> torch.Tensor:
         """``[N, E+1, C]`` float64 the mean, over each interval's class, of the members'
         values ``per_response [N, C]`` (float64): one batched product of ``[E+1, K]`` by
-        ``[K, C]`` per response."""
-        return torch.bmm(self.shares, self._partner_rows(per_response))
+        ``[K, C]`` per response, a sum over the members and then a division, so that
+        members of one value have exactly that mean."""
+        members, sizes = self._membership
+        return torch.bmm(members, self._partner_rows(per_response)).div_(sizes)
 
     def class_means_times(self, per_segment: torch.Tensor, per_member: torch.Tensor) -> torch.Tensor:
         """``[N, E+1, C]`` float64 the mean, over each interval's class, of the members'
@@ -83,11 +85,12 @@ class PathIntervals:
         segment of the same path; clamped to ``S − 1``) times their rows
         ``per_member [N, C]``: one batched product per response, not a
         ``[N, E+1, K, C]`` table."""
+        members, sizes = self._membership
         partners = self.partners.shape[1]
         rows = self._partner_rows(per_segment).transpose(1, 2)  # [N, S, K]
         index = self.segment.clamp(max=per_segment.shape[1] - 1).unsqueeze(2).expand(-1, -1, partners)  # [N, E+1, K]
         values = rows.gather(1, index)  # [N, E+1, K]
-        return torch.bmm(values.mul_(self.shares), self._partner_rows(per_member))
+        return torch.bmm(values.mul_(members), self._partner_rows(per_member)).div_(sizes)
 
     def _partner_rows(self, per_response: torch.Tensor) -> torch.Tensor:
         """``[N, K, C]`` the rows of ``per_response [N, C]`` of each response's partners."""
