@@ -97,11 +97,12 @@ def replaced_reward_advantages(batch: RolloutBatch, replaced: torch.Tensor, runn
                                real: torch.Tensor, own_share: bool) -> torch.Tensor:
     """``[N, T]`` float32 OTB's advantage of every token with the response's own reward
     replaced by ``replaced [N, T]`` (float32 per token, 0 on padding: e.g. the mean
-    reward of the responses that share its prefix through it), on the ``running`` weights of
-    ``running_weights`` (from ``stable_token_weights``, which keeps the weights of
-    near-deterministic tokens that ``token_weights``' float32 ``1 − 2π + Σπ²`` gets up to
-    10% wrong); 0 on padding (``real``: the float mask of ``real_tokens``). With
-    ``own_share`` the result is written over ``replaced``; ``running`` is left as it was.
+    reward of the responses that share its prefix through it), on the ``running``
+    weights of ``running_weights`` (from ``stable_token_weights``, which keeps the
+    weights of near-deterministic tokens that ``token_weights``' float32
+    ``1 − 2π + Σπ²`` gets up to 10% wrong); 0 on padding (``real``: the float mask of
+    ``real_tokens``). With ``own_share`` the result is written over ``replaced``;
+    ``running`` is left as it was.
 
     With ``own_share`` (verl's OTB, the response's own return in its baseline) the
     baseline is ``Σ_j W_j r_j / Σ_j W_j`` over the group's responses running at ``t``, 0

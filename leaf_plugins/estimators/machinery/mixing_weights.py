@@ -92,10 +92,9 @@ class KernelTerms:
     last slot in the lexicographic order (0 elsewhere), and ``pairs [3, N, K]`` one per
     response and partner where the two part (0 elsewhere); and the diagonal,
     ``diagonal [2, G, K, T]`` one per token with itself (``w (d e, d d)``: the variance's
-    coefficients need no ``w e e``), which the class units include, in the same sorted
-    layout as ``classes`` (0 for an empty slot). ``classes`` and
-    ``diagonal`` are scratch buffers: valid until the next ``kernel_terms`` call in this
-    thread."""
+    coefficients need no ``w e e``), which the class units include, in the sorted layout
+    of ``classes`` (0 for an empty slot). ``classes`` and ``diagonal`` are scratch
+    buffers: valid until the next ``kernel_terms`` call in this thread."""
 
     classes: torch.Tensor
     pairs: torch.Tensor
