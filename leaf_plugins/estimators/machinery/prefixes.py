@@ -220,12 +220,17 @@ def running_hashes(
     return out if wide is out else out.copy_(wide)
 
 
+def _compact_dtype(token_bound: int) -> torch.dtype:
+    """int32 where every token id (below ``token_bound``) and the padding fit, else int64."""
+    return torch.int32 if token_bound < 2**31 else torch.int64
+
+
 def compact_hashes(tokens: torch.Tensor, token_bound: int) -> torch.Tensor:
     """``running_hashes`` of ``tokens [N, R]`` in the scratch buffer ``"hashes"``: int32
     where token ids are below ``2**31`` (half the bytes to compare), with a spare column
     when ``R`` is odd so that the rows can be read as int64 column pairs; int64 otherwise."""
     reach = tokens.shape[1]
-    narrow = torch.int32 if token_bound < 2**31 else torch.int64
+    narrow = _compact_dtype(token_bound)
     width = reach + reach % 2 if narrow == torch.int32 else reach
     return running_hashes(tokens, narrow, out=scratch("hashes", (tokens.shape[0], width), narrow, tokens.device))
 
@@ -236,8 +241,8 @@ def compact_tokens(tokens: torch.Tensor, token_bound: int) -> torch.Tensor:
     where token ids are below ``2**31`` (half the bytes to compare, and an even width,
     so that the rows can be read as int64 column pairs), int64 otherwise."""
     count, reach = tokens.shape
-    dtype = torch.int32 if token_bound < 2**31 else torch.int64
-    compact = scratch("compact tokens", (count, -(-reach // BLOCK) * BLOCK), dtype, tokens.device)
+    compact = scratch("compact tokens", (count, -(-reach // BLOCK) * BLOCK), _compact_dtype(token_bound),
+                      tokens.device)
     compact[:, :reach].copy_(tokens)
     compact[:, reach:].fill_(-1)
     return compact
@@ -265,18 +270,17 @@ def _block_lcp(rows: torch.Tensor, hashes: torch.Tensor, left: torch.Tensor, rig
     count = hashes.shape[1]
     shape = tuple(left.shape)
 
-    def first_differences(values: torch.Tensor, first: torch.Tensor,
-                          second: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Whether rows ``first`` and ``second`` of ``values [M, C]`` differ, and the
-        first column where they do (``[G, P]`` each), from whole-row selections."""
+    def differing_column(values: torch.Tensor, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+        """``[G, P]`` the first column where rows ``first`` and ``second`` of ``values [M, C]``
+        differ, ``C`` where they do not (``first_difference`` on whole-row selections)."""
         both = torch.index_select(values, 0, torch.cat([first.reshape(-1), second.reshape(-1)]))
-        both = both.view(2, *shape, values.shape[1])
-        return torch.ne(both[0], both[1]).max(dim=-1)
+        both = both.view(2, first.numel(), values.shape[1])
+        return first_difference(both[0], both[1]).view(shape)
 
-    differs, block = first_differences(hashes, left, right)  # [G, P]: any block differs, the first that does
-    blocks = rows.view(-1, BLOCK)  # [N · W / BLOCK, BLOCK]
-    inside, offset = first_differences(blocks, left * count + block, right * count + block)  # [G, P] in that block
-    return torch.where(differs & inside, block * BLOCK + offset, width)
+    block = differing_column(hashes, left, right)  # [G, P]: the first block that differs, `count` if none
+    inside = block.clamp(max=count - 1)
+    offset = differing_column(rows.view(-1, BLOCK), left * count + inside, right * count + inside)  # BLOCK if equal
+    return torch.where((block < count) & (offset < BLOCK), block * BLOCK + offset, width)
 
 
 def _token_after(tokens: torch.Tensor, rows: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
