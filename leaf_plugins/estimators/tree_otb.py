@@ -80,6 +80,14 @@ two kinds)."""
 _EDGE_BITS = torch.tensor(KAPPA_EDGES, dtype=torch.float32).view(torch.int32).tolist()
 """The float32 edges' bit patterns, as ``state_kinds`` compares them."""
 
+_INT32_WORK = "tree_otb int32 work"
+"""The scratch buffer of the call's short-lived int32 ``[N, T]`` arrays, one after the
+other: the kinds' compares, κ's lanes, the cells before their int64 copy (fewer buffers:
+the call's arrays stay in the processor's cache)."""
+
+_INDEX = "tree_otb index"
+"""The scratch buffer of the int64 ``[N, T]`` index: κ's lanes, then the cells."""
+
 
 @dataclass(frozen=True)
 class TreeOTBParams(TreeRLOOParams):
@@ -136,16 +144,16 @@ class TreeOTB(TreeRLOO):
             past_end = intervals.segment >= baselines.values.shape[1]  # [N, E+1] the intervals on the padding
             kinds = state_kinds(spread)  # [N, T] int32
             lowest = _other_responses_floor(batch)  # [N] f
-            ridged = (torch.add(weights, real, alpha=params.ridge, out=scratch("tree_otb ridged", shape, weights.dtype,
+            ridged = (torch.add(weights, real, alpha=params.ridge, out=scratch("tree_otb tree", shape, weights.dtype,
                                                                                device))
-                      if params.ridge else weights)  # [N, T] w + ridge
+                      if params.ridge else weights)  # [N, T] w + ridge, in the tree's buffer until κ is known
             kappa = value_ratios(batch, ridged, kinds, lowest)  # [N, kinds] κ
             scale = per_response(group_scale(batch, params), layout)  # [N] c
             table = _advantage_table(batch, baselines.values, intervals, kappa, lowest, scale, past_end,
                                     params)  # [N, cells]
             cells = _as_index(torch.add(kinds, intervals.token_intervals(batch.width), alpha=KINDS,
-                                        out=scratch("tree_otb cells", shape, torch.int32, device)),
-                              "tree_otb cells")  # [N, T] interval · kinds + kind
+                                        out=scratch(_INT32_WORK, shape, torch.int32, device)),
+                              _INDEX)  # [N, T] interval · kinds + kind
             running = (running_weights(batch, weights, real, torch.float32 if params.own_share else torch.float64)
                        if params.own_share or mixed else None)  # W, Σ_j W_j
             if mixed:
@@ -227,7 +235,7 @@ def state_kinds(spread: torch.Tensor) -> torch.Tensor:
     """
     shape = tuple(spread.shape)
     count = scratch("tree_otb kinds", shape, torch.int32, spread.device)  # [N, T]
-    above = scratch("tree_otb kinds compare", shape, torch.int32, spread.device)  # [N, T]
+    above = scratch(_INT32_WORK, shape, torch.int32, spread.device)  # [N, T]
     bits = spread.view(torch.int32)
     torch.gt(bits, _EDGE_BITS[0], out=count)
     for edge in _EDGE_BITS[1:]:
@@ -252,8 +260,8 @@ def value_ratios(batch: RolloutBatch, weights: torch.Tensor, kinds: torch.Tensor
     """
     layout = batch.groups
     lanes = (torch.arange(batch.width, dtype=torch.int32, device=batch.device) % LANES).mul_(KINDS)  # [T]
-    slot = _as_index(torch.add(kinds, lanes, out=scratch("tree_otb lanes", tuple(kinds.shape), torch.int32,
-                                                         batch.device)), "tree_otb lanes")  # [N, T] lane · kinds + kind
+    slot = _as_index(torch.add(kinds, lanes, out=scratch(_INT32_WORK, tuple(kinds.shape), torch.int32,
+                                                         batch.device)), _INDEX)  # [N, T] lane · kinds + kind
     slots = torch.zeros(batch.size, LANES, KINDS, dtype=weights.dtype, device=batch.device)
     slots.view(batch.size, -1).scatter_add_(1, slot, weights)  # [N, LANES, kinds]
     weight = slots.sum(dim=1).double()  # [N, kinds] W_j: Σ_t w per kind (0 on padding)

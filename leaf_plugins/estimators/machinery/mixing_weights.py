@@ -119,7 +119,9 @@ def kernel_terms(batch: RolloutBatch, prefixes: SortedPrefixes, shared: torch.Te
     ``[G, T]`` slice (no loop over groups), and the class's term ``w X_C Y_C`` is read at
     the run's last slot. The rest of the state: partner ``l`` is in ``j``'s state but not
     its class exactly at the position where the two part, so that part is one term per
-    pair of responses, ``[N, K]``."""
+    pair of responses, ``[N, K]``: each response's values are read once at its ``K``
+    parting positions, and a partner's from its own row (``shared`` is symmetric and every
+    member's ``partners`` is its group's sorted order)."""
     rows, width = base.shape
     groups, slots = prefixes.groups, shared.shape[1]  # K from a shape: no host synchronisation
     device = base.device
@@ -129,10 +131,12 @@ def kernel_terms(batch: RolloutBatch, prefixes: SortedPrefixes, shared: torch.Te
     order = order.view(-1)  # [G·K] batch row of each sorted slot (-1: empty)
     filled = (order >= 0).to(base.dtype).view(1, groups, slots, 1)  # [1, G, K, 1]
     order = order.clamp(min=0)
-    sums = scratch("kernel_terms sums", (2, groups * slots, width), base.dtype, device)  # e, d in the sorted layout
-    torch.index_select(base, 0, order, out=sums[0])
-    torch.index_select(move, 0, order, out=sums[1])
-    sums = sums.view(2, groups, slots, width)
+    # e and d in the sorted layout and a spare slab: the class products are written over the three (below)
+    slabs = scratch("kernel_terms slabs", (3, groups * slots, width), base.dtype, device)
+    torch.index_select(base, 0, order, out=slabs[0])
+    torch.index_select(move, 0, order, out=slabs[1])
+    slabs = slabs.view(3, groups, slots, width)
+    sums = slabs[:2]  # [2, G, K, T]
     if not batch.groups.uniform_size:  # zero rows for empty slots
         sums.mul_(filled)
     ends = scratch("kernel_terms ends", (groups * slots, width), base.dtype, device)  # w at the runs' last slots
@@ -153,26 +157,27 @@ def kernel_terms(batch: RolloutBatch, prefixes: SortedPrefixes, shared: torch.Te
     # at a run's last slot that is the class sum: Σ_{j ∈ C} x_j w Σ_{l ∈ C} y_l = w X_C Y_C, w read there (a
     # policy's w is a function of the prefix through t, the same for the whole class)
     ends[:, :-1].addcmul_(ends[:, :-1], joins, value=-1)  # 0 where the next slot joins the run (w − w · 1)
-    class_e, class_d = sums.unbind(0)  # [G, K, T] Σ_C e, Σ_C d at the runs' last slots
-    classes = scratch("kernel_terms classes", (3, groups, slots, width), base.dtype, device)
-    weighted_d = torch.mul(class_d, ends, out=classes[2])  # d's class sum times w, for the two products below
-    torch.mul(weighted_d, class_e, out=classes[0])
-    torch.mul(weighted_d, class_d, out=classes[1])
-    torch.mul(class_e, ends, out=classes[2]).mul_(class_e)
+    class_e, class_d, spare = slabs.unbind(0)  # [G, K, T] Σ_C e, Σ_C d at the runs' last slots, and the spare slab
+    torch.mul(class_e, ends, out=spare).mul_(class_e)  # w E E
+    weighted_d = ends.mul_(class_d)  # w D, over w
+    class_e.mul_(weighted_d)  # w D E, over the sum it is made of
+    class_d.mul_(weighted_d)  # w D D
     # ---- the rest of the state: one term per pair (j, l) that parts at t = shared < T
     parting = (shared >= 0) & (shared < width)  # [N, K]
     at = shared.clamp(0, max(width - 1, 0))  # [N, K]
     own = (torch.arange(rows, device=base.device).unsqueeze(1) * width + at).view(-1)  # [N·K] (j, t)
-    other = (partners * width + at).view(-1)  # [N·K] (l, t)
-    both = torch.cat([own, other])  # [2 · N·K]
-    (x_e, y_e), (x_d, y_d), (u_j, u_l) = (values.reshape(-1).index_select(0, both).view(2, rows, -1)
-                                          for values in (base, move, batch.logprobs))  # [N, K] each
-    v_j = v.reshape(-1).index_select(0, own).view(rows, -1)  # [N, K]
-    u_j, u_l = torch.expm1(torch.stack([u_j, u_l])).neg_()  # [N, K] 1 − π of each one's token (from log π)
+    x_e, x_d, log_pi, v_j = (values.reshape(-1).index_select(0, own).view(rows, -1)
+                             for values in (base, move, batch.logprobs, v))  # [N, K] each
+    u_j = torch.expm1(log_pi).neg_()  # [N, K] 1 − π of j's token (from log π)
+    # partner l's values at t are its own entries for j (the two part at the same t): read from the [N, K] rows
+    rank = torch.empty(rows, dtype=torch.int64, device=device)
+    rank[prefixes.order] = prefixes.slot  # [N] each response's slot in its group's order
+    mirror = (partners * slots + rank.unsqueeze(1)).view(-1)  # [N·K] (l, j's slot)
+    y_e, y_d, u_l = (values.view(-1).index_select(0, mirror).view(rows, -1) for values in (x_e, x_d, u_j))
     factor = (u_j - v_j - 1 + u_l).mul_(parting)  # [N, K]: (K y) = ((u_j − v_j − 1) + u_l) y_l for y = e, d
     factor = torch.where(factor.isfinite(), factor, 0.0)  # a padding position's log π may be anything
     pairs = torch.stack([x_d * factor * y_e, x_d * factor * y_d, x_e * factor * y_e])  # [3, N, K]
-    return KernelTerms(classes, pairs, diagonal)
+    return KernelTerms(slabs, pairs, diagonal)
 
 
 @torch.inference_mode()
@@ -181,7 +186,8 @@ def pooled_weight(terms: KernelTerms, layout: GroupLayout, usable: torch.Tensor,
     """``[]`` float64 weight ``λ`` in ``[0, 1]`` fitted on the variance estimates from the
     ``terms`` (``kernel_terms``) of every group whose ``usable [G]`` is true, less
     ``confidence`` standard errors over the terms (see the module); 0 where they carry no
-    move. A tensor, not a number: no host synchronisation.
+    move. A tensor, not a number: no host synchronisation. The residuals are written over
+    the units' first rows (``terms.classes[0]``, ``terms.pairs[0]``, ``terms.diagonal[0]``).
 
     Each group's sums over its class and diagonal terms are float32 per slot (at most
     ``T`` terms: a relative error below ``T · 2⁻²⁴`` of their sizes), the rest float64."""
@@ -206,9 +212,9 @@ def pooled_weight(terms: KernelTerms, layout: GroupLayout, usable: torch.Tensor,
 
     def squares(units: torch.Tensor, coefficient: torch.Tensor) -> torch.Tensor:
         """Σ (coefficient · (n + λ̂ d))² over the units ``(n, d, …) = units [2 or 3, R, ...]``,
-        ``coefficient [R]`` one per row."""
-        residuals = scratch("pooled_weight residuals", tuple(units.shape[1:]), units.dtype, units.device)
-        torch.addcmul(units[0], units[1], step, out=residuals)
+        ``coefficient [R]`` one per row; the residuals are written over ``n`` (in the cache
+        already, and no other buffer)."""
+        residuals = units[0].addcmul_(units[1], step)  # n + λ̂ d
         sizes = torch.linalg.vector_norm(residuals, dim=tuple(range(1, residuals.dim())))  # [R] float32, as above
         return (sizes.double() * coefficient).square().sum()
 
