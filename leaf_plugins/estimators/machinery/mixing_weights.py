@@ -119,9 +119,7 @@ def kernel_terms(batch: RolloutBatch, prefixes: SortedPrefixes, shared: torch.Te
     ``[G, T]`` slice (no loop over groups), and the class's term ``w X_C Y_C`` is read at
     the run's last slot. The rest of the state: partner ``l`` is in ``j``'s state but not
     its class exactly at the position where the two part, so that part is one term per
-    pair of responses, ``[N, K]``: each response's values are read once at its ``K``
-    parting positions, and a partner's from its own row (``shared`` is symmetric and every
-    member's ``partners`` is its group's sorted order)."""
+    pair of responses, ``[N, K]``."""
     rows, width = base.shape
     groups, slots = prefixes.groups, shared.shape[1]  # K from a shape: no host synchronisation
     device = base.device
@@ -166,14 +164,12 @@ def kernel_terms(batch: RolloutBatch, prefixes: SortedPrefixes, shared: torch.Te
     parting = (shared >= 0) & (shared < width)  # [N, K]
     at = shared.clamp(0, max(width - 1, 0))  # [N, K]
     own = (torch.arange(rows, device=base.device).unsqueeze(1) * width + at).view(-1)  # [N·K] (j, t)
-    x_e, x_d, log_pi, v_j = (values.reshape(-1).index_select(0, own).view(rows, -1)
-                             for values in (base, move, batch.logprobs, v))  # [N, K] each
-    u_j = torch.expm1(log_pi).neg_()  # [N, K] 1 − π of j's token (from log π)
-    # partner l's values at t are its own entries for j (the two part at the same t): read from the [N, K] rows
-    rank = torch.empty(rows, dtype=torch.int64, device=device)
-    rank[prefixes.order] = prefixes.slot  # [N] each response's slot in its group's order
-    mirror = (partners * slots + rank.unsqueeze(1)).view(-1)  # [N·K] (l, j's slot)
-    y_e, y_d, u_l = (values.view(-1).index_select(0, mirror).view(rows, -1) for values in (x_e, x_d, u_j))
+    other = (partners * width + at).view(-1)  # [N·K] (l, t)
+    both = torch.cat([own, other])  # [2 · N·K]
+    (x_e, y_e), (x_d, y_d), (u_j, u_l) = (values.reshape(-1).index_select(0, both).view(2, rows, -1)
+                                          for values in (base, move, batch.logprobs))  # [N, K] each
+    v_j = v.reshape(-1).index_select(0, own).view(rows, -1)  # [N, K]
+    u_j, u_l = torch.expm1(torch.stack([u_j, u_l])).neg_()  # [N, K] 1 − π of each one's token (from log π)
     factor = (u_j - v_j - 1 + u_l).mul_(parting)  # [N, K]: (K y) = ((u_j − v_j − 1) + u_l) y_l for y = e, d
     factor = torch.where(factor.isfinite(), factor, 0.0)  # a padding position's log π may be anything
     pairs = torch.stack([x_d * factor * y_e, x_d * factor * y_d, x_e * factor * y_e])  # [3, N, K]
