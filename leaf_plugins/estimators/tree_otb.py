@@ -316,7 +316,8 @@ def _other_responses_floor(batch: RolloutBatch) -> torch.Tensor:
 
 def _own_share(batch: RolloutBatch, running: RunningWeights) -> torch.Tensor:
     """``[N, T]`` float32 ``W_i,t / Σ_j W_j,t`` over the group's responses running at t
-    (the float32 ``running`` weights; 0 on padding), written over ``running.cumulative``."""
+    (the float32 ``running`` weights; 0 on padding), written over ``running.cumulative``;
+    ``running.total`` is clamped to at least 1e-30 in place."""
     rows, totals = by_group(running.cumulative, running.total.clamp_(min=1e-30), batch.groups)  # W_i, Σ_j W_j
     rows.div_(totals)
     return running.cumulative
