@@ -157,10 +157,10 @@ class TreeOTB(TreeRLOO):
             running = (running_weights(batch, weights, real, torch.float32 if params.own_share else torch.float64)
                        if params.own_share or mixed else None)  # W, Σ_j W_j
             if mixed:
+                tree = torch.gather(table, 1, cells, out=scratch("tree_otb tree", shape, table.dtype, device))
                 otb = _otb_advantages(batch, intervals, cells, running, real, scale, past_end, params)  # [N, T]
             share = _own_share(batch, running) if params.own_share else None  # [N, T] W_i / Σ_j W_j (over W)
             if mixed:
-                tree = torch.gather(table, 1, cells, out=scratch("tree_otb tree", shape, table.dtype, device))
                 if share is not None:
                     tree.addcmul_(tree, share, value=-1)
                 move = tree.sub_(otb)  # [N, T] from OTB's advantage to the tree's
