@@ -88,6 +88,10 @@ the call's arrays stay in the processor's cache)."""
 _INDEX = "tree_otb index"
 """The scratch buffer of the int64 ``[N, T]`` index: κ's lanes, then the cells."""
 
+_TREE = "tree_otb tree"
+"""The scratch buffer of the float32 ``[N, T]`` tree advantages; ``w + ridge`` before
+them, until κ is known."""
+
 
 @dataclass(frozen=True)
 class TreeOTBParams(TreeRLOOParams):
@@ -144,9 +148,8 @@ class TreeOTB(TreeRLOO):
             past_end = intervals.segment >= baselines.values.shape[1]  # [N, E+1] the intervals on the padding
             kinds = state_kinds(spread)  # [N, T] int32
             lowest = _other_responses_floor(batch)  # [N] f
-            ridged = (torch.add(weights, real, alpha=params.ridge, out=scratch("tree_otb tree", shape, weights.dtype,
-                                                                               device))
-                      if params.ridge else weights)  # [N, T] w + ridge, in the tree's buffer until κ is known
+            ridged = (torch.add(weights, real, alpha=params.ridge, out=scratch(_TREE, shape, weights.dtype, device))
+                      if params.ridge else weights)  # [N, T] w + ridge
             kappa = value_ratios(batch, ridged, kinds, lowest)  # [N, kinds] κ
             scale = per_response(group_scale(batch, params), layout)  # [N] c
             table = _advantage_table(batch, baselines.values, intervals, kappa, lowest, scale, past_end,
@@ -157,7 +160,7 @@ class TreeOTB(TreeRLOO):
             running = (running_weights(batch, weights, real, torch.float32 if params.own_share else torch.float64)
                        if params.own_share or mixed else None)  # W, Σ_j W_j
             if mixed:
-                tree = torch.gather(table, 1, cells, out=scratch("tree_otb tree", shape, table.dtype, device))
+                tree = torch.gather(table, 1, cells, out=scratch(_TREE, shape, table.dtype, device))
                 otb = _otb_advantages(batch, intervals, cells, running, real, scale, past_end, params)  # [N, T]
             share = _own_share(batch, running) if params.own_share else None  # [N, T] W_i / Σ_j W_j (over W)
             if mixed:
