@@ -82,8 +82,8 @@ _EDGE_BITS = torch.tensor(KAPPA_EDGES, dtype=torch.float32).view(torch.int32).to
 
 _INT32_WORK = "tree_otb int32 work"
 """The scratch buffer of the call's short-lived int32 ``[N, T]`` arrays, one after the
-other: the kinds' compares, κ's lanes, the cells before their int64 copy (fewer buffers:
-the call's arrays stay in the processor's cache)."""
+other: the kinds' compares, κ's lanes, the steps the cells are summed from (fewer
+buffers: the call's arrays stay in the processor's cache)."""
 
 _INDEX = "tree_otb index"
 """The scratch buffer of the int64 ``[N, T]`` index: κ's lanes, then the cells."""
@@ -154,9 +154,8 @@ class TreeOTB(TreeRLOO):
             scale = per_response(group_scale(batch, params), layout)  # [N] c
             table = _advantage_table(batch, baselines.values, intervals, kappa, lowest, scale, past_end,
                                     params)  # [N, cells]
-            cells = _as_index(torch.add(kinds, intervals.token_intervals(batch.width), alpha=KINDS,
-                                        out=scratch(_INT32_WORK, shape, torch.int32, device)),
-                              _INDEX)  # [N, T] interval · kinds + kind
+            cells = intervals.token_cells(kinds, KINDS, scratch(_INT32_WORK, shape, torch.int32, device),
+                                          scratch(_INDEX, shape, torch.int64, device))  # [N, T] interval · kinds + kind
             running = (running_weights(batch, weights, real, torch.float32 if params.own_share else torch.float64)
                        if params.own_share or mixed else None)  # W, Σ_j W_j
             if mixed:
