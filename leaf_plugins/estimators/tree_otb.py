@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Literal
 
 import torch
@@ -261,7 +262,7 @@ def value_ratios(batch: RolloutBatch, weights: torch.Tensor, kinds: torch.Tensor
     ``(Σ_{j∈g} W_j − W_i) · r̄_{g,−i}`` beside the other groups' ``Σ_{h≠g} Σ_{j∈h} W_j r̄_h``.
     """
     layout = batch.groups
-    lanes = (torch.arange(batch.width, dtype=torch.int32, device=batch.device) % LANES).mul_(KINDS)  # [T]
+    lanes = _lane_offsets(batch.width, str(batch.device))  # [T]
     slot = _as_index(torch.add(kinds, lanes, out=scratch(_INT32_WORK, tuple(kinds.shape), torch.int32,
                                                          batch.device)), _INDEX)  # [N, T] lane · kinds + kind
     slots = torch.zeros(batch.size, LANES, KINDS, dtype=weights.dtype, device=batch.device)
@@ -272,7 +273,8 @@ def value_ratios(batch: RolloutBatch, weights: torch.Tensor, kinds: torch.Tensor
     group_weight = group_sum(weight, layout)  # [G, kinds]
     mean_weighted = group_weight * (group_total / layout.sizes.double()).unsqueeze(1)  # [G, kinds] Σ_{j∈h} W_j r̄_h
     others_weight = weight.sum(dim=0) - weight  # [N, kinds] Σ_{j≠i} W_j
-    above = (weight * rewards.unsqueeze(1)).sum(dim=0) - weight * rewards.unsqueeze(1)  # [N, kinds] Σ_{j≠i} W_j r_j
+    weighted = weight * rewards.unsqueeze(1)  # [N, kinds] W_j r_j
+    above = weighted.sum(dim=0) - weighted  # [N, kinds] Σ_{j≠i} W_j r_j
     others_in_group = per_response(layout.sizes, layout).double() - 1  # [N]
     mean_without = (per_response(group_total, layout) - rewards) / others_in_group.clamp(min=1)  # [N] r̄_{g,−i}
     below = (mean_weighted.sum(dim=0) - per_response(mean_weighted, layout)
@@ -280,6 +282,13 @@ def value_ratios(batch: RolloutBatch, weights: torch.Tensor, kinds: torch.Tensor
     origin = floor.unsqueeze(1) * others_weight  # [N, kinds] Σ_{j≠i} W_j f_i
     above, below = above - origin, below - origin
     return torch.where(below > 1e-12 * others_weight.clamp(min=1e-300), above / below.clamp(min=1e-300), 1.0)
+
+
+@lru_cache(maxsize=16)
+def _lane_offsets(width: int, device: str) -> torch.Tensor:
+    """``[width]`` int32 ``(t mod LANES) · KINDS``: the first slot of token ``t``'s lane
+    (``value_ratios``)."""
+    return (torch.arange(width, dtype=torch.int32, device=device) % LANES).mul_(KINDS)
 
 
 def _advantage_table(batch: RolloutBatch, values: torch.Tensor, intervals: PathIntervals, kappa: torch.Tensor,

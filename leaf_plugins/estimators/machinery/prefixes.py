@@ -306,11 +306,16 @@ def first_difference(upper: torch.Tensor, lower: torch.Tensor) -> torch.Tensor:
     width = upper.shape[1]
     if width == 0:
         return torch.zeros(upper.shape[0], dtype=torch.int64, device=upper.device)
-    upper_words, lower_words = (rows.contiguous().view(torch.int32) for rows in (upper, lower))  # [M, R·w]
-    words = upper_words.shape[1] // width  # int32 words per column
-    unequal = scratch("first difference", tuple(upper_words.shape), torch.int32, upper.device)  # [M, R·w]
-    countdown = torch.arange(width, 0, -1, dtype=torch.int32, device=upper.device)  # [R] R − column
-    if words > 1:
-        countdown = countdown.repeat_interleave(words)  # [R·w]
-    latest = torch.ne(upper_words, lower_words, out=unequal).mul_(countdown).amax(dim=1)  # [M] R − first, 0 if none
+    if upper.dtype != torch.int32:
+        upper, lower = (rows.contiguous().view(torch.int32) for rows in (upper, lower))  # [M, R·w]
+    unequal = scratch("first difference", tuple(upper.shape), torch.int32, upper.device)  # [M, R·w]
+    countdown = _countdown(width, upper.shape[1] // width, str(upper.device))  # [R·w]
+    latest = torch.ne(upper, lower, out=unequal).mul_(countdown).amax(dim=1)  # [M] R − first, 0 if none
     return width - latest.long()
+
+
+@lru_cache(maxsize=64)
+def _countdown(width: int, words: int, device: str) -> torch.Tensor:
+    """``[width · words]`` int32 ``width − column`` of each int32 word of a row of
+    ``width`` columns, ``words`` words each."""
+    return torch.arange(width, 0, -1, dtype=torch.int32, device=device).repeat_interleave(words)
