@@ -150,8 +150,9 @@ def kernel_terms(batch: RolloutBatch, prefixes: SortedPrefixes, shared: torch.Te
     gaps = prefixes.gap_matrix.to(base.dtype).unsqueeze(2)  # [G, K-1, 1]
     joins = torch.gt(gaps, positions, out=scratch("kernel_terms joins", (groups, max(slots - 1, 0), width), base.dtype,
                                                     device))  # [G, K-1, T] 1.0 where slot k+1 is in k's class
+    columns, links = sums.unbind(2), joins.unbind(1)  # K views [2, G, T], K-1 views [G, T]
     for slot in range(1, slots):  # in place: each slot gets the sum of its run so far
-        sums[:, :, slot].addcmul_(sums[:, :, slot - 1], joins[:, slot - 1])
+        columns[slot].addcmul_(columns[slot - 1], links[slot - 1])
     # at a run's last slot that is the class sum: Σ_{j ∈ C} x_j w Σ_{l ∈ C} y_l = w X_C Y_C, w read there (a
     # policy's w is a function of the prefix through t, the same for the whole class)
     ends[:, :-1].addcmul_(ends[:, :-1], joins, value=-1)  # 0 where the next slot joins the run (w − w · 1)
