@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import leaf_plugins as lp
 from leaf_plugins.core.errors import ConfigError
-from leaf_plugins.estimators.machinery.prefix_intervals import shared_prefix_lengths
+from leaf_plugins.estimators.machinery.prefix_intervals import PathIntervals, shared_prefix_lengths
 
 
 def test_prefix_means_by_hand():
@@ -131,6 +131,27 @@ def test_shared_prefix_lengths_are_every_pairs_longest_common_prefix(seed):
             # one a prefix of the other: they part where the shorter one's padding starts
             common = next((t for t, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
             assert length == (batch.width if a == b else common)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), width=st.integers(1, 40), events=st.integers(0, 6))
+def test_token_cells_count_the_events_at_or_before_each_token(seed, width, events):
+    """``interval · count + kind`` for every token, the interval the number of events at
+    or before it, against a loop over tokens: events at position 0, at the width (they
+    start nothing), repeated (an empty interval) and in any row."""
+    generator = torch.Generator().manual_seed(seed)
+    rows, count = 5, 8
+    starts = torch.randint(0, width + 1, (rows, events), generator=generator).sort(dim=1).values  # [N, E]
+    kinds = torch.randint(0, count, (rows, width), generator=generator, dtype=torch.int32)  # [N, T]
+    intervals = PathIntervals(starts, torch.zeros(rows, events + 1, dtype=torch.int64),
+                              torch.zeros(rows, 1, dtype=torch.int64), torch.ones(rows, events + 1, 1, dtype=torch.bool))
+    work = torch.full((rows, width), 123, dtype=torch.int32)  # stale contents: token_cells must overwrite them
+    out = torch.full((rows, width), -5, dtype=torch.int64)
+    cells = intervals.token_cells(kinds, count, work, out)
+    assert cells is out and cells.dtype == torch.int64
+    expected = [[sum(int(e) <= t for e in starts[i]) * count + int(kinds[i, t]) for t in range(width)]
+                for i in range(rows)]
+    assert cells.tolist() == expected
 
 
 @pytest.mark.parametrize("params, message", [
