@@ -59,6 +59,13 @@ def test_first_difference_on_rows_wider_than_int16_counts():
     assert first_difference(upper, lower).tolist() == [0, width - 1, 32_768, width]
 
 
+@pytest.mark.parametrize("dtype", [torch.int16, torch.uint8, torch.float32])
+def test_first_difference_names_a_dtype_it_does_not_compare(dtype):
+    rows = torch.zeros(2, 4, dtype=dtype)
+    with pytest.raises(TypeError, match=f"int32 or int64 rows, got {dtype}"):
+        first_difference(rows, rows)
+
+
 @pytest.mark.parametrize("width", [1, 2, 17, 31, 32, 33, 63, 64, 65, 1024, 4095])
 @pytest.mark.parametrize("large", [False, True])
 def test_block_search_finds_the_longest_common_prefix(width, large):

@@ -303,10 +303,12 @@ def first_difference(upper: torch.Tensor, lower: torch.Tensor) -> torch.Tensor:
     largest weight is at the first column that differs. Same-dtype int32 compares,
     products and maxima are vectorised; a compare into a bool mask is not (3.5× slower on
     CPU), and nor is the index of a maximum (``max(dim=1)``, 4× slower)."""
+    if upper.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"first_difference compares int32 or int64 rows, got {upper.dtype}")
     width = upper.shape[1]
     if width == 0:
         return torch.zeros(upper.shape[0], dtype=torch.int64, device=upper.device)
-    if upper.dtype != torch.int32:
+    if upper.dtype == torch.int64:
         upper, lower = (rows.contiguous().view(torch.int32) for rows in (upper, lower))  # [M, R·w]
     unequal = scratch("first difference", tuple(upper.shape), torch.int32, upper.device)  # [M, R·w]
     countdown = _countdown(width, upper.shape[1] // width, str(upper.device))  # [R·w]
