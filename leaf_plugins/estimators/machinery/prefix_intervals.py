@@ -27,7 +27,6 @@ from functools import cached_property
 import torch
 
 from leaf_plugins.core.batch import RolloutBatch
-from leaf_plugins.estimators.machinery.scratch import scratch
 from leaf_plugins.estimators.machinery.prefixes import SortedPrefixes, range_minima
 
 __all__ = ["PathIntervals", "path_intervals", "shared_prefix_lengths"]
