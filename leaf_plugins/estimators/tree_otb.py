@@ -83,8 +83,8 @@ _EDGE_BITS = torch.tensor(KAPPA_EDGES, dtype=torch.float32).view(torch.int32).to
 
 _INT32_WORK = "tree_otb int32 work"
 """The scratch buffer of the call's short-lived int32 ``[N, T]`` arrays, one after the
-other: the kinds' compares, κ's lanes, the steps the cells are summed from (fewer
-buffers: the call's arrays stay in the processor's cache)."""
+other: the kinds' compares, κ's lanes, the steps the cells are summed from (one buffer
+instead of three: a smaller memory footprint per call)."""
 
 _INDEX = "tree_otb index"
 """The scratch buffer of the int64 ``[N, T]`` index: κ's lanes, then the cells."""
