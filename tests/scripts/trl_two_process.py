@@ -19,6 +19,9 @@ def main(out: Path) -> None:
     run.train()
     rank = run.accelerator.process_index
     torch.save({"world": run.accelerator.num_processes, "seen": seen}, out / f"rank{rank}.pt")
+    # destroy the process group before exit: gloo's threads torn down at interpreter exit
+    # can abort the process (SIGABRT, "terminate called without an active exception")
+    run.accelerator.end_training()
 
 
 if __name__ == "__main__":
