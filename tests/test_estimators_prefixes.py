@@ -119,10 +119,10 @@ def _classes_at(tokens: list[list[int]], position: int):
 
 @pytest.mark.parametrize("position", [1, 2, 3, 4, 5, 6, 7])
 @pytest.mark.parametrize("width", [8, 9])
-def test_proof_on_column_pairs_accepts_members_that_part_right_at_the_boundary(position, width, monkeypatch):
+def test_proof_accepts_members_that_part_right_at_the_boundary(position, width, monkeypatch):
     """Rows that share exactly their first ``p`` tokens are one class at ``p`` without the
-    exact sort, at odd and even ``p`` and row widths (the proof compares int32 hashes as
-    int64 column pairs, and a pair may straddle the boundary)."""
+    exact sort, at odd and even ``p`` and row widths (the proof's first differing hash
+    column lies at the boundary or after it)."""
     refuse_exact_sort(monkeypatch, "the proof failed on classes that are exact")
     trunk = [3, 1, 4, 1, 5, 9, 2, 6, 5][:position]
     tokens = [trunk + [7 + row] * (width - position) for row in range(4)]
@@ -132,7 +132,7 @@ def test_proof_on_column_pairs_accepts_members_that_part_right_at_the_boundary(p
 
 
 @pytest.mark.parametrize("position", [2, 3, 4, 5])
-def test_proof_on_column_pairs_rejects_a_collision_just_before_the_boundary(position, monkeypatch):
+def test_proof_rejects_a_collision_just_before_the_boundary(position, monkeypatch):
     """With every multiplier 1 a hash is a token sum: rows whose tokens at ``p - 2`` and
     ``p - 1`` are swapped hash alike at ``p``. The proof must fail and the exact sort
     must split them, whatever the parity of ``p``."""
@@ -164,9 +164,9 @@ def test_int32_running_hashes_are_the_sums_modulo_2_32():
 
 @pytest.mark.parametrize("seed", range(40))
 def test_lexicographic_order_equals_a_plain_sort_of_the_rows(seed):
-    """The hashed order (int32 hash rows compared as column pairs, or int64 ones where
-    token ids reach 2**31) has the same rows in the same places and the same adjacent
-    LCPs as a direct sort, at odd and even widths, with identical and empty responses."""
+    """The hashed order (int32 rows, or int64 ones where token ids reach 2**31) has the
+    same rows in the same places and the same adjacent LCPs as a direct sort, at odd and
+    even widths, with identical and empty responses."""
     import random
 
     import leaf_plugins as lp

@@ -44,8 +44,7 @@ class PrefixClasses:
     def at_boundaries(cls, batch: RolloutBatch, positions: torch.Tensor) -> "PrefixClasses":
         """The exact prefix classes at ``positions [G, B]`` (``-1`` or 0: unused)."""
         reach = max(int(positions.max()), 1) if positions.numel() else 1
-        # int32 rows of even width, where token ids allow: the proof reads them as int64 column pairs
-        hashes = compact_hashes(batch.tokens[:, :reach], batch.token_bound)  # [N, W]: R, or R and a spare column
+        hashes = compact_hashes(batch.tokens[:, :reach], batch.token_bound)  # [N, R] int32 where token ids allow
         classes = cls._from_keys(batch, _hashes_at(hashes, batch, positions), positions)
         if classes._proven_on(hashes, batch, positions):
             return classes
@@ -85,12 +84,6 @@ class PrefixClasses:
         """Compare every slot that is not first in its class with that first member up to
         its deepest such boundary, on the running ``hashes [N, W]`` (equal exactly where
         the tokens are); ``True`` if all of them agree.
-
-        int32 hash rows of even width are compared as int64 column pairs, half as many
-        comparisons. A pair that differs first may differ at either of its columns; a
-        slot and its partner share their hash at column ``depth - 1`` (that is how they
-        came into one class), so the check fails exactly when the pair's second column
-        lies before ``depth``.
         """
         if positions.numel() == 0:  # no boundary: every slot is in no class
             return True
@@ -102,19 +95,14 @@ class PrefixClasses:
         if reach == 0:
             return True
         partner = members.gather(1, self.first.gather(1, deepest.unsqueeze(1)).squeeze(1))  # [G, K]
-        if hashes.dtype == torch.int32 and hashes.shape[1] % 2 == 0:
-            columns, rows = 2, hashes.view(torch.int64)[:, : (reach + 1) // 2]  # [N, ceil(R'/2)] column pairs
-        else:
-            columns, rows = 1, hashes[:, :reach]  # [N, R']
+        rows = hashes[:, :reach]  # [N, R']
         if layout.uniform_size:  # slot order is row order
             right = scratch("partner rows", rows.shape, rows.dtype, rows.device)
             left, right, depth = rows, torch.index_select(rows, 0, partner.view(-1), out=right), depth.view(-1)
         else:
             real = members >= 0
             left, right, depth = rows.index_select(0, members[real]), rows.index_select(0, partner[real]), depth[real]
-        # [M]: the last column of the first unit (column or pair) that differs
-        last_compared = first_difference(left, right) * columns + (columns - 1)
-        return not bool((last_compared < depth).any())
+        return not bool((first_difference(left, right) < depth).any())  # [M] first column that differs
 
 
 def _hashes_at(hashes: torch.Tensor, batch: RolloutBatch, positions: torch.Tensor) -> torch.Tensor:

@@ -97,24 +97,17 @@ class SortedPrefixes:
         """The responses in ``order [N]`` with their exact adjacent LCPs, found by comparing
         the tokens or, where given, ``hashes`` ``[N, W]`` that agree on their first ``p``
         columns exactly when the tokens do (``compact_tokens``, or ``running_hashes``;
-        int64, or int32 of even width): int32 rows are compared as int64 column pairs,
-        half the bytes of the tokens."""
+        int32 where token ids allow, half the bytes of the tokens)."""
         layout = batch.groups
         n, reach = batch.size, batch.width
         group = layout.index[order]  # [N]
         lcp = torch.full((n,), -1, dtype=torch.int64, device=batch.device)
         if n > 1:
-            paired = hashes is not None and hashes.dtype == torch.int32 and hashes.shape[1] > 0
-            rows = batch.tokens if hashes is None else hashes.view(torch.int64) if paired else hashes  # [N, U]
+            rows = batch.tokens if hashes is None else hashes  # [N, W]
             ordered = torch.index_select(rows, 0, order, out=scratch("sorted rows", tuple(rows.shape), rows.dtype,
-                                                                      rows.device))  # [N, U]
-            unit = first_difference(ordered[:-1], ordered[1:])  # [N-1] first unit (column or pair) that differs
-            if paired:  # a pair differs first at its first column, or else at its second
-                width = hashes.shape[1]
-                column = (2 * unit).clamp_(max=max(width - 2, 0))  # [N-1]
-                same_first = hashes.take(order[:-1] * width + column) == hashes.take(order[1:] * width + column)
-                unit = 2 * unit + same_first
-            lcp[1:] = torch.where(group[1:] == group[:-1], unit.clamp_(max=reach), -1)  # columns past R are padding
+                                                                      rows.device))  # [N, W]
+            column = first_difference(ordered[:-1], ordered[1:])  # [N-1] first column that differs
+            lcp[1:] = torch.where(group[1:] == group[:-1], column.clamp_(max=reach), -1)  # columns past R are padding
         start = torch.cumsum(layout.sizes, 0) - layout.sizes  # [G]
         slot = torch.arange(n, device=batch.device) - start[group]  # [N]
         return cls(order, group, lcp, slot, layout.sizes, reach)
@@ -203,8 +196,7 @@ def running_hashes(
 
     :param out: an optional contiguous ``[N, R']`` tensor of ``dtype``, ``R' >= R``, to
         write the hashes into; its columns past ``R`` hash a token 0 (they repeat the
-        row's last hash), so that a caller may ask for an even width (``R`` and a spare
-        column).
+        row's last hash).
     """
     reach = tokens.shape[1]
     if out is None:
@@ -227,19 +219,15 @@ def _compact_dtype(token_bound: int) -> torch.dtype:
 
 def compact_hashes(tokens: torch.Tensor, token_bound: int) -> torch.Tensor:
     """``running_hashes`` of ``tokens [N, R]`` in the scratch buffer ``"hashes"``: int32
-    where token ids are below ``2**31`` (half the bytes to compare), with a spare column
-    when ``R`` is odd so that the rows can be read as int64 column pairs; int64 otherwise."""
-    reach = tokens.shape[1]
+    where token ids are below ``2**31`` (half the bytes to compare), int64 otherwise."""
     narrow = _compact_dtype(token_bound)
-    width = reach + reach % 2 if narrow == torch.int32 else reach
-    return running_hashes(tokens, narrow, out=scratch("hashes", (tokens.shape[0], width), narrow, tokens.device))
+    return running_hashes(tokens, narrow, out=scratch("hashes", tuple(tokens.shape), narrow, tokens.device))
 
 
 def compact_tokens(tokens: torch.Tensor, token_bound: int) -> torch.Tensor:
     """``[N, W]`` the ``tokens [N, R]`` in the scratch buffer ``"compact tokens"``, ``W``
     the next multiple of ``BLOCK`` (columns past ``R`` hold the padding, ``-1``): int32
-    where token ids are below ``2**31`` (half the bytes to compare, and an even width,
-    so that the rows can be read as int64 column pairs), int64 otherwise."""
+    where token ids are below ``2**31`` (half the bytes to compare), int64 otherwise."""
     count, reach = tokens.shape
     compact = scratch("compact tokens", (count, -(-reach // BLOCK) * BLOCK), _compact_dtype(token_bound),
                       tokens.device)
