@@ -187,6 +187,11 @@ def test_lexicographic_order_equals_a_plain_sort_of_the_rows(seed):
     hashed, plain = SortedPrefixes.lexicographic(batch), SortedPrefixes.lexicographic_exact(batch)
     assert torch.equal(batch.tokens[hashed.order], batch.tokens[plain.order])
     assert torch.equal(hashed.lcp, plain.lcp) and torch.equal(hashed.group, plain.group)
+    padded = batch.tokens[hashed.order].tolist()  # sorted rows, -1 padded to the width
+    expected = [-1] + [-1 if hashed.group[k] != hashed.group[k - 1] else
+                       next((t for t, (a, b) in enumerate(zip(padded[k - 1], padded[k])) if a != b), batch.width)
+                       for k in range(1, len(padded))]
+    assert hashed.lcp.tolist() == expected  # against a loop over the tokens, not the shared comparison
 
 
 @pytest.mark.parametrize("seed", range(30))
