@@ -13,7 +13,7 @@ from typing import Iterator, Sequence
 
 from leaf_plugins.core.errors import ConfigNotice, LeafError, PluginLoadError
 from leaf_plugins.core.interrupts import exit_status, interrupt_received, interrupts_as_exceptions
-from leaf_plugins.core.plugins import STRICT_ENV, PluginHost, PluginWarning, discover_commands
+from leaf_plugins.core.plugins import STRICT_ENV, PluginHost, PluginWarning, discover_commands, training_stack_missing
 from leaf_plugins.core.version import package_version
 
 __all__ = ["main", "script", "build_parser"]
@@ -23,7 +23,8 @@ def build_parser(commands: PluginHost | None = None) -> argparse.ArgumentParser:
     """The argument parser with one sub-parser per registered command (a command's
     optional ``epilog`` is shown below its options, as written). A command whose
     ``add_arguments`` raises is left out with a warning naming it (fatal with
-    ``LEAF_PLUGINS_STRICT=1``)."""
+    ``LEAF_PLUGINS_STRICT=1``); one that needs the uninstalled training stack stays listed and
+    says what to install when run."""
     commands = commands or discover_commands()
     parser = argparse.ArgumentParser(prog="leaf", description="Tree-credit RL post-training for speech LLMs.")
     parser.add_argument("--version", action="version", version=f"leaf-plugins {package_version()}")
@@ -34,6 +35,9 @@ def build_parser(commands: PluginHost | None = None) -> argparse.ArgumentParser:
             entry.value.add_arguments(own)
             described = {"help": entry.value.help, "epilog": getattr(entry.value, "epilog", None)}
         except Exception as error:  # a broken command plugin must not take the other commands down
+            if training_stack_missing(error) is not None:
+                _add_unavailable(sub, entry.name, entry.value.help, training_stack_missing(error))
+                continue
             message = f"command {entry.name!r} of {entry.origin}: add_arguments raised {type(error).__name__}: {error}"
             if os.environ.get(STRICT_ENV, "") not in ("", "0"):
                 raise PluginLoadError(message) from error
@@ -72,10 +76,27 @@ def main(argv: Sequence[str] | None = None, restore_signals: bool = True) -> int
             if interrupt is not None:  # the interrupt, turned into another error by a library it went through
                 print(f"{_prefix(command)}: {_interrupted(interrupt)}", file=sys.stderr)
                 return exit_status(interrupt)
+            missing = training_stack_missing(error)
+            if missing is not None:
+                print(f"{_prefix(command)}: error: {missing}", file=sys.stderr)
+                return 2
             if not isinstance(error, LeafError):
                 raise
             print(f"{_prefix(command)}: error: {error}", file=sys.stderr)
             return 2
+
+
+def _add_unavailable(sub: argparse._SubParsersAction, name: str, help: str, missing: str) -> None:
+    """A sub-command whose arguments need the uninstalled training stack: it takes any
+    arguments and fails saying what to install."""
+    command = sub.add_parser(name, help=f"{help} (not installed: needs the training stack)", description=missing)
+    command.add_argument("arguments", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+    def run(args: argparse.Namespace) -> int:
+        print(f"leaf {name}: error: {missing}", file=sys.stderr)
+        return 2
+
+    command.set_defaults(run=run)
 
 
 def _prefix(command: str) -> str:

@@ -23,7 +23,7 @@ rm -rf "$ENV_DIR"
 BASE_PYTHON="$(python -c 'import sys; print(sys.base_prefix)')/bin/python3"
 "$BASE_PYTHON" -m venv "$ENV_DIR"
 "$PY" -m pip --disable-pip-version-check -q install --root-user-action=ignore --no-compile \
-  --constraint constraints/floor.txt "$TORCH_SPEC" -e ".[test]"
+  --constraint constraints/floor.txt "$TORCH_SPEC" -e ".[train,test]"
 "$PY" -m pip --disable-pip-version-check -q check
 echo "$WANT" >"$STAMP"
 echo "floor environment ready: $ENV_DIR"

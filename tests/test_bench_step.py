@@ -92,7 +92,8 @@ def test_the_rollout_statistics_row_is_what_the_rollout_holds(monkeypatch):
     small = step_accounting.ModelShape("small", vocab=vocab, hidden=8, layers=1, kv_heads=1, head_dim=8,
                                        parameters=0.0, audio_tokens=4, keeps_last_logits=True)
     (now,) = [now for name, _, _, now in step_accounting.accounting_rows(small) if name.startswith("rollout per-token")]
-    statistics = TokenStatistics(temperature=0.9, top_p=0.9, suppress=[], device=torch.device("cpu"))
+    statistics = TokenStatistics(temperature=0.9, top_p=0.9, suppress=[], device=torch.device("cpu"),
+                                 keys=torch.arange(rows))
     generated = torch.zeros(rows, 1, dtype=torch.long)
     held = []
     for _ in range(new_tokens):

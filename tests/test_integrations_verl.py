@@ -1,9 +1,11 @@
 """leaf-plugins estimators inside the real verl on CPU.
 
-verl 0.9.1 pins transformers<5.11, so it lives in its own environment (.venv-verl, built by
-scripts/install_verl_env.sh, which scripts/install.sh runs). Under the project's interpreter
-this file has one test: it runs this same file with the verl environment's Python and
-requires every check to pass there (none skipped). Under that Python the checks run directly.
+verl 0.9.1 pins transformers<5.11, below the training stack's floor, so the tests run in an
+environment of verl's own (.venv-verl: verl 0.9.1, then leaf-plugins[verl,test] installed
+beside it by a plain pip install; scripts/install_verl_env.sh, which scripts/install.sh runs;
+tests/test_verl_install.py checks that install). Under the project's interpreter this file
+has one test: it runs this same file with the verl environment's Python and requires every
+check to pass there (none skipped). Under that Python the checks run directly.
 """
 
 from __future__ import annotations

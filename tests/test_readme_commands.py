@@ -13,7 +13,7 @@ would:
   that sees this one's packages, so this environment is never changed;
 - the TRL snippet of docs/integrations.md ("Try it on the CPU");
 - every ``leaf train`` and ``leaf study`` command of the README's and docs' bash blocks
-  (also under ``accelerate launch ... -m leaf_plugins.cli``), validated with ``--check``
+  (also under ``accelerate launch`` or ``torchrun ... -m leaf_plugins.cli``), validated with ``--check``
   (their runs are minutes to hours long);
 - every other ``leaf`` command of those blocks parses with the CLI's own parser (an
   unknown command or option fails);
@@ -65,8 +65,10 @@ def commands(block: str) -> list[list[str]]:
 
 def as_leaf_command(argv: list[str]) -> list[str]:
     """``argv`` as the ``leaf`` command it runs: itself, or the part of an ``accelerate
-    launch ... -m leaf_plugins.cli ARGS`` after the module, as ``leaf ARGS``."""
-    if argv[:2] == ["accelerate", "launch"] and "leaf_plugins.cli" in argv:
+    launch ... -m leaf_plugins.cli ARGS`` or ``torchrun ... -m leaf_plugins.cli ARGS``
+    after the module, as ``leaf ARGS``."""
+    launcher = argv[:2] == ["accelerate", "launch"] or argv[:1] == ["torchrun"]
+    if launcher and "leaf_plugins.cli" in argv:
         return ["leaf", *argv[argv.index("leaf_plugins.cli") + 1:]]
     return argv
 

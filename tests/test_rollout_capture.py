@@ -22,6 +22,7 @@ from leaf_plugins.training.decoding import sampling_step, static_rollout as stat
 from leaf_plugins.training.decoding.cuda_graph import CHECK_TOLERANCE, cuda_capture, eager_capture
 from leaf_plugins.training.decoding.decode_state import DecodeState
 from leaf_plugins.training.decoding.family import unsupported_reason
+from leaf_plugins.training.decoding.keyed_draw import keyed_uniforms, response_keys
 from leaf_plugins.training.decoding.phase_timer import PhaseTimer
 from leaf_plugins.training.decoding.static_rollout import graph_failure, release_captures, static_rollout
 from leaf_plugins.training.lora import attach_lora
@@ -114,19 +115,24 @@ def test_one_capture_per_model_and_shape_bucket_reused_across_rollouts():
 
 
 def perturbed(base):
-    """A capture whose replay draws one extra random number first: its samples differ
-    from the eager step's (a captured graph reading the wrong random offsets)."""
+    """A capture whose replay reads other sampling keys than the eager step did (a
+    captured graph reading a stale buffer): its samples differ from the eager step's."""
 
     def capture(step):
         replay = base(step)
 
         def shifted():
-            torch.rand(1, device=state_device[0])
+            keys = live_states[-1].keys
+            keys.add_(1)
             replay()
+            keys.sub_(1)
 
         return shifted
 
     return capture
+
+
+live_states: list[DecodeState] = []  # the decode states rollouts started (recorded by the test that perturbs)
 
 
 state_device = ["cpu"]
@@ -147,6 +153,9 @@ def test_a_failed_self_check_falls_back_to_generate_once(monkeypatch, device, ho
     generate = static_module.generate_rollout
     monkeypatch.setattr(static_module, "generate_rollout", lambda *args: calls.append(1) or generate(*args))
     base = cuda_capture if device == "cuda" else eager_capture
+    start = DecodeState.start
+    monkeypatch.setattr(DecodeState, "start", classmethod(
+        lambda cls, *args: live_states.append(start(*args)) or live_states[-1]))
     capture = perturbed(base) if how == "mismatch" else failing
     with pytest.warns(UserWarning, match=f"rollout.backend=static: .*{reason}.*use Hugging Face generate"):
         first = rollout(model, loaded, inputs, seed=1, group_size=4, capture=capture)
@@ -227,28 +236,38 @@ def test_gathered_for_generation_is_safe_to_enter_twice(monkeypatch):
 
 
 @pytest.mark.parametrize("temperature, top_p", [(1.0, 0.9), (0.7, 0.5), (1.3, 0.95)])
-def test_sort_based_top_p_draws_the_reference_tokens_given_the_same_uniforms(monkeypatch, temperature, top_p):
+def test_sort_based_top_p_draws_the_reference_tokens_given_the_same_keys(monkeypatch, temperature, top_p):
     """The sampler with CUDA's ``torch.sort`` (forced on the CPU) and with numpy's sort
-    draws the same tokens as transformers' ``TopPLogitsWarper`` distribution raced with
-    the same uniforms, and writes the same log q."""
+    draws the same tokens as an inverse transform of transformers' ``TopPLogitsWarper``
+    distribution with the same keyed uniforms (a loop over the vocabulary), and writes
+    the same log q."""
     rows, vocab, banned = 64, 1000, [3, 17]
     logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0)) * 3
     scaled = logits / temperature
     scaled[:, banned] = float("-inf")
     reference_q = torch.softmax(TopPLogitsWarper(top_p)(None, scaled.clone()), dim=-1)  # [N, V]
-    torch.manual_seed(9)
-    uniforms = torch.rand(rows, vocab)
-    expected = (reference_q / uniforms.log()).argmin(dim=-1)  # the race with these uniforms
+    keys = response_keys(9, range(rows // 4), 4)  # [N]
+    uniforms = keyed_uniforms(keys, 0).double()
+    expected = []
+    for row in range(rows):  # the first token whose cumulative probability exceeds u · total
+        cumulative, total = 0.0, float(reference_q[row].double().sum())
+        for token, probability in enumerate(reference_q[row].double().tolist()):
+            cumulative += probability
+            if cumulative > float(uniforms[row]) * total:
+                expected.append(token)
+                break
+    expected = torch.tensor(expected)
     found = {}
     for sort in ("numpy", "torch"):
         if sort == "torch":
             monkeypatch.setattr(sampling_step, "_sorted_values", lambda scores: torch.sort(scores, dim=-1).values)
         sampler = sampling_step.SamplingStep(temperature, top_p, banned, vocab, eos_token_id=vocab - 1,
                                              pad_token_id=0, device=torch.device("cpu"))
-        state = DecodeState.start(torch.full((rows,), 5), 2, pad_token_id=0)
-        torch.manual_seed(9)
+        state = DecodeState.start(torch.full((rows,), 5), 2, pad_token_id=0, keys=keys)
         sampler(logits, state)
         found[sort] = state
+        # float32 cumulative sums against float64 ones: a token differs only where u lands within
+        # their rounding (about 1e-7) of a boundary, which these 64 rows do not
         assert torch.equal(state.generated[:, 0], expected), sort
         expected_log_q = reference_q.gather(1, expected[:, None]).log()[:, 0]
         # float32 softmax over 1000 entries of the same scores: rounding only

@@ -290,20 +290,25 @@ def test_table_of_a_study_with_no_finished_run_says_so(tmp_path, capsys):
     assert not (tmp_path / "out" / "results.md").exists()
 
 
-def test_held_out_predictions_are_sampled_by_the_runs_rollout_backend(tmp_path):
-    """A study whose runs set ``rollout.backend`` evaluates with that backend too: its
-    starting model's predictions are those of ``sample_predictions`` with the same
-    backend and seed, and differ from the other backend's (the two consume the random
-    stream differently; with 2 examples × 8 tokens from a random tiny model, equal texts
-    by chance have negligible probability)."""
+def test_held_out_predictions_are_sampled_by_the_runs_rollout_backend(tmp_path, monkeypatch):
+    """A study whose runs set ``rollout.backend`` evaluates with that backend too: the
+    evaluation's rollouts (those sampled for no training step) go to ``generate``, and its
+    starting model's predictions are those of ``sample_predictions`` with the same backend
+    and seed (the same as the static loop's: both draw the same keyed tokens)."""
     from leaf_plugins.evaluation.predictions import read_predictions
+    from leaf_plugins.training import rollout_backend
     from leaf_plugins.evaluation.sampling import load_policy, sample_predictions
     from leaf_plugins.studies.evaluate import BASELINE, PREDICTIONS
     from leaf_plugins.training.config import task_examples
 
+    evaluated = []
+    sample = rollout_backend.GenerateBackend.sample
+    monkeypatch.setattr(rollout_backend.GenerateBackend, "sample",
+                        lambda self, request: evaluated.append(request.context is None) or sample(self, request))
     study = load_study(tiny_study(tmp_path, "generate"), ["base.rollout.backend=generate", "seeds=[0]",
                                                          "grid={estimator.name: [grpo]}", "base.steps=1"])
     run_study(study)
+    assert any(evaluated)  # rollouts without a training step: the evaluation's
     written = read_predictions(next((tmp_path / "generate" / BASELINE).glob(f"*/{PREDICTIONS}"))).predictions
     config = study.runs[0].config
     settings = study.config.evaluation
@@ -312,5 +317,4 @@ def test_held_out_predictions_are_sampled_by_the_runs_rollout_backend(tmp_path):
     sampled = {backend: sample_predictions(policy, held_out, 1, settings.temperature, settings.top_p,
                                            settings.max_new_tokens, settings.batch_prompts, settings.seed,
                                            backend)[0] for backend in ("generate", "static")}
-    assert written == sampled["generate"]
-    assert sampled["static"] != sampled["generate"]
+    assert written == sampled["generate"] == sampled["static"]

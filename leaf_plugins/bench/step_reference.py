@@ -2,8 +2,10 @@
 ``leaf bench step`` measures side by side with today's path and that the tests compare
 values against. Not used in training.
 
-* rollout with ``output_scores`` and ``output_logits``: every step's ``[N, V]`` float32
-  logits and scores kept, stacked to ``[N, T, V]`` and log-softmaxed;
+* rollout with ``output_logits``: every step's ``[N, V]`` float32 logits and sampling
+  scores (transformers' own suppression, temperature and top-p processors) kept, stacked
+  to ``[N, T, V]`` and log-softmaxed; the token is drawn from the scores with the
+  responses' keys (``keyed_draw``), as the rollout backends draw it;
 * every response row carries its own copy of the prompt's audio features (the encoder
   runs K times per prompt in every pass);
 * teacher forcing projects every position ``[N, P + T]`` onto the vocabulary and takes a
@@ -16,8 +18,12 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import torch
+from transformers import (LogitsProcessor, LogitsProcessorList, SuppressTokensLogitsProcessor, TemperatureLogitsWarper,
+                          TopPLogitsWarper)
 
 from leaf_plugins.backbones.base import LoadedBackbone
+from leaf_plugins.training.decoding.keyed_draw import draw, response_keys
+from leaf_plugins.training.generate_rollout import sampling_seed
 from leaf_plugins.training.rollout import SURPRISAL_SOURCES, Rollout, assemble_rollout, audio_token_ids
 
 __all__ = ["sample_responses_k_copies", "response_logprobs_full_vocabulary"]
@@ -34,6 +40,7 @@ def sample_responses_k_copies(
     top_p: float = 0.9,
     surprisal_from: str = "sampling",
     group_ids: Sequence[int] | None = None,
+    seed: int | None = None,
 ) -> Rollout:
     """Sample ``group_size`` responses for every prompt of ``inputs`` (left padded).
 
@@ -42,16 +49,22 @@ def sample_responses_k_copies(
     if surprisal_from not in SURPRISAL_SOURCES:
         raise ValueError(f"surprisal_from must be one of {SURPRISAL_SOURCES}, got {surprisal_from!r}")
     tokenizer = loaded.tokenizer
+    prompts = inputs["input_ids"].shape[0]
+    keys = response_keys(sampling_seed(seed), group_ids if group_ids is not None else range(prompts), group_size,
+                         inputs["input_ids"].device)  # [N]
+    suppressed = audio_token_ids(loaded)
+    choice = _KeyedChoice(keys)
+    processors = [*([SuppressTokensLogitsProcessor(suppressed, device=keys.device)] if suppressed else []),
+                  TemperatureLogitsWarper(temperature), TopPLogitsWarper(top_p), choice]
     output = model.generate(
         **inputs,
-        suppress_tokens=audio_token_ids(loaded) or None,
+        logits_processor=LogitsProcessorList(processors),
         do_sample=True,
-        temperature=temperature,
-        top_p=top_p,
+        temperature=1.0,  # the processors above apply them, before the keyed choice
+        top_p=1.0,
         top_k=0,
         max_new_tokens=max_new_tokens,
         num_return_sequences=group_size,
-        output_scores=True,
         output_logits=True,
         return_dict_in_generate=True,
         pad_token_id=tokenizer.pad_token_id,
@@ -64,12 +77,26 @@ def sample_responses_k_copies(
     logprobs = _taken(policy_log_probabilities, generated)  # [N, T]
     sum_pi_squared = policy_log_probabilities.mul(2).exp_().sum(dim=-1)  # [N, T]: Σ_v π(v)²
     if surprisal_from == "sampling":
-        sampling_scores = torch.stack(output.scores, dim=1).float()  # after temperature and top-p
+        sampling_scores = torch.stack(choice.scores, dim=1)  # after suppression, temperature and top-p
         surprisal = -_taken(torch.log_softmax(sampling_scores, dim=-1), generated)
     else:
         surprisal = -logprobs
     return assemble_rollout(tokenizer, generated, logprobs, surprisal, sum_pi_squared, policy_logits.shape[-1],
                             group_size, group_ids)
+
+
+class _KeyedChoice(LogitsProcessor):
+    """The last processor: keeps each step's ``[N, V]`` sampling scores, draws each row's
+    token from them with its key and allows only that token."""
+
+    def __init__(self, keys: torch.Tensor) -> None:
+        self.keys = keys  # [N]
+        self.scores: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self.scores.append(scores.float())
+        token = draw(torch.softmax(self.scores[-1], dim=-1), self.keys, len(self.scores) - 1)  # [N]
+        return torch.full_like(scores, float("-inf")).scatter_(1, token.unsqueeze(1), 0.0)
 
 
 def response_logprobs_full_vocabulary(

@@ -143,19 +143,26 @@ def _write(out: Path, stem: str, header: tuple[str, ...], rows: list[tuple]) -> 
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    import torch
+    from accelerate import PartialState
+
     from leaf_plugins.evaluation.predictions import write_predictions
-    from leaf_plugins.evaluation.sampling import load_policy, run_to_sample, sample_predictions
+    from leaf_plugins.evaluation.sampling import launch_rank, load_policy, run_to_sample, sample_predictions
     from leaf_plugins.core.plugins import get_host
     from leaf_plugins.training.config import load_train_config, task_examples
     from leaf_plugins.training.stage_plugins import rollout_stage
 
     config = load_train_config(args.config, args.overrides)
+    # under `accelerate launch` or torchrun: the process group the processes share the sampling over (gloo on CPU)
+    PartialState(cpu=not torch.cuda.is_available())
     run_dir = run_to_sample(config.output_dir, args.checkpoint)
     examples = task_examples(config.task, args.split)[: args.limit]
     policy = load_policy(config.backbone, run_dir)
     runs = sample_predictions(policy, examples, args.runs, args.temperature, args.top_p, args.max_new_tokens,
                               args.batch_prompts, args.seed, config.rollout.backend,
                               rollout_stage(config, get_host()))
+    if launch_rank()[0] != 0:  # every process sampled its share; the first writes the whole evaluation
+        return 0
     paths = write_predictions(args.out, examples, runs)
     print(f"{len(examples)} examples x {args.runs} runs from {run_dir or 'the starting model'}: "
           f"{' '.join(str(path) for path in paths)}")

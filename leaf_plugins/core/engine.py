@@ -13,7 +13,7 @@ from leaf_plugins.core.errors import ConfigError, suggest
 from leaf_plugins.core.finite import check_finite
 from leaf_plugins.core.hookspecs import PROJECT, LeafSpecs
 from leaf_plugins.core.parameters import ParameterSchema
-from leaf_plugins.core.plugins import PluginHost, get_host
+from leaf_plugins.core.plugins import PluginHost, get_estimator_host
 from leaf_plugins.core.tree import EstimateResult
 
 __all__ = ["Engine", "estimate", "parameter_schema", "STAGES"]
@@ -33,7 +33,7 @@ class Engine:
         observers: Iterable[object] = (),
         host: PluginHost | None = None,
     ) -> None:
-        host = host or get_host()
+        host = host or get_estimator_host()
         self.name = estimator
         main = host.estimators.get(estimator)
         borrowed = _borrowed_stages(stages, host)
@@ -93,7 +93,7 @@ def parameter_schema(
 ) -> ParameterSchema:
     """The parameters an estimator accepts: its own dataclass's, with those of the
     estimators its borrowed stages come from (``stages``: stage -> registered estimator)."""
-    host = host or get_host()
+    host = host or get_estimator_host()
     return ParameterSchema.of(host.estimators, estimator, _borrowed_stages(stages, host).values())
 
 

@@ -4,6 +4,11 @@ the ``leaf`` console script alone, the ``leaf_plugins.commands`` group).
 Entry points are loaded one at a time. A plugin that fails to import, or fails while
 registering, is reported with its entry-point name and skipped, unless the environment
 variable ``LEAF_PLUGINS_STRICT=1`` is set (for CI), in which case it is fatal.
+
+``get_host()`` loads every plugin; ``get_estimator_host()`` (what ``estimate``, ``Engine``
+and the framework integrations use) loads only what estimators need: the built-in
+estimators and every third-party plugin, not the built-in backbones, tasks and rewards, so
+estimating advantages imports no model code and needs no training stack.
 """
 
 from __future__ import annotations
@@ -22,8 +27,8 @@ from leaf_plugins.core.hookspecs import PROJECT, LeafSpecs
 from leaf_plugins.core.interrupts import interrupt_received
 from leaf_plugins.core.registry import Registry
 
-__all__ = ["PluginHost", "LoadedPlugin", "get_host", "discover_commands", "STRICT_ENV", "PluginWarning", "KINDS",
-           "COMMAND_GROUP"]
+__all__ = ["PluginHost", "LoadedPlugin", "get_host", "get_estimator_host", "discover_commands", "STRICT_ENV",
+           "PluginWarning", "KINDS", "COMMAND_GROUP", "BUILTIN_KINDS", "TRAIN_EXTRA", "training_stack_missing"]
 
 STRICT_ENV = "LEAF_PLUGINS_STRICT"
 BUILTIN_DISTRIBUTION = "leaf-plugins"
@@ -38,6 +43,18 @@ DISCOVERY_HOOKS = {  # discovery hook -> the kind it registers
     "register_rollout_backends": "rollout_backend",
 }
 COMMAND_HOOKS = {"register_commands": "command"}
+BUILTIN_KINDS = {  # module of a built-in entry point of the `leaf_plugins` group -> the kind it registers
+    "leaf_plugins.estimators": "estimator",
+    "leaf_plugins.backbones": "backbone",
+    "leaf_plugins.tasks": "task",
+    "leaf_plugins.rewards": "reward",
+    "leaf_plugins.training.rollout_backend": "rollout_backend",
+}
+TRAIN_EXTRA = "pip install 'leaf-plugins[train]'"
+TRAIN_MODULES = frozenset({"transformers", "peft", "accelerate", "datasets", "sacrebleu", "soundfile", "matplotlib",
+                           "tokenizers", "safetensors", "huggingface_hub"})
+"""Top-level modules of the ``train`` extra (and theirs): a built-in plugin that cannot import
+one of them says to install the extra."""
 
 
 class PluginWarning(UserWarning):
@@ -93,13 +110,15 @@ class PluginHost:
     ) -> "PluginHost":
         """Load the built-ins, every entry point of the entry-point ``group`` and
         ``extra_plugins`` (name, plugin) pairs, then run the discovery ``hooks``
-        (hook name -> the kind of registry it fills; default: every kind of ``KINDS``)."""
+        (hook name -> the kind of registry it fills; default: every kind of ``KINDS``).
+        Built-in entry points whose kind (``BUILTIN_KINDS``) no hook fills are not loaded;
+        a third-party entry point always is (what it registers is known once loaded)."""
         strict = os.environ.get(STRICT_ENV, "") not in ("", "0") if strict is None else strict
         hooks = DISCOVERY_HOOKS if hooks is None else hooks
         manager = pluggy.PluginManager(PROJECT)
         manager.add_hookspecs(LeafSpecs)
         host = cls(manager, {kind: Registry(kind.replace("_", " ")) for kind in hooks.values()})
-        for name, origin, load in _plugin_sources(group):
+        for name, origin, load in _plugin_sources(group, set(hooks.values())):
             host._guard(name, strict, lambda: host._register_plugin(manager, load(), name, origin))
         for name, plugin in extra_plugins:
             host._guard(name, strict, lambda: host._register_plugin(manager, plugin, name, "extra"))
@@ -129,6 +148,8 @@ class PluginHost:
                 self._report(name, str(error))
                 return
             message = f"{type(error).__name__}: {error}"
+            if training_stack_missing(error) is not None:
+                message += f" (the training stack is not installed: {TRAIN_EXTRA})"
             if strict:
                 raise PluginLoadError(f"plugin {name!r} failed to load: {message}") from error
             self._report(name, message)
@@ -142,6 +163,14 @@ class PluginHost:
         )
 
 
+def training_stack_missing(error: BaseException) -> str | None:
+    """What to install, when ``error`` is a module of the ``train`` extra that cannot be
+    imported; None for any other error."""
+    if isinstance(error, ModuleNotFoundError) and (error.name or "").split(".")[0] in TRAIN_MODULES:
+        return f"{error}: this needs the training stack, which is not installed: {TRAIN_EXTRA}"
+    return None
+
+
 def _register_into(registry: Registry[Any], origin: str) -> Callable[[str, Any], None]:
     def register(name: str, value: Any) -> None:
         registry.add(name, value, origin)
@@ -149,10 +178,10 @@ def _register_into(registry: Registry[Any], origin: str) -> Callable[[str, Any],
     return register
 
 
-def _plugin_sources(group: str = PROJECT) -> list[tuple[str, str, Callable[[], object]]]:
+def _plugin_sources(group: str = PROJECT, kinds: set[str] | None = None) -> list[tuple[str, str, Callable[[], object]]]:
     """(entry-point name, distribution name, loader) of every plugin of the entry-point
     ``group`` to load: the built-ins first (they are entry points of this package), then
-    the others by name."""
+    the others by name. With ``kinds``, a built-in entry point of another kind is left out."""
     declared = list(entry_points(group=group))
     if not any(_distribution(ep) == BUILTIN_DISTRIBUTION for ep in declared):
         raise PluginLoadError(
@@ -163,10 +192,20 @@ def _plugin_sources(group: str = PROJECT) -> list[tuple[str, str, Callable[[], o
     seen: set[tuple[str, str, str]] = set()
     for ep in sorted(declared, key=lambda ep: (_distribution(ep) != BUILTIN_DISTRIBUTION, ep.name)):
         key = (ep.name, ep.value, _distribution(ep))
+        builtin_kind = _builtin_kind(ep) if _distribution(ep) == BUILTIN_DISTRIBUTION else None
+        if kinds is not None and builtin_kind is not None and builtin_kind not in kinds:
+            continue
         if key not in seen:  # the same distribution can be visible twice on sys.path
             seen.add(key)
             sources.append((ep.name, _distribution(ep), ep.load))
     return sources
+
+
+def _builtin_kind(ep: EntryPoint) -> str | None:
+    """The kind a built-in entry point registers (``BUILTIN_KINDS``), None if not listed."""
+    module = ep.value.split(":")[0]
+    return next((kind for prefix, kind in BUILTIN_KINDS.items() if module == prefix or module.startswith(prefix + ".")),
+                None)
 
 
 def _distribution(ep: EntryPoint) -> str:
@@ -178,6 +217,21 @@ def _distribution(ep: EntryPoint) -> str:
 def get_host() -> PluginHost:
     """The process-wide plugin host, discovered on first use."""
     return PluginHost.discover()
+
+
+def get_estimator_host() -> PluginHost:
+    """A host whose estimator registry is the same as ``get_host()``'s: ``get_host()``
+    itself once it has been discovered, else a host of the built-in estimators and the
+    third-party plugins alone (discovered on first use), which imports no backbone, task
+    or training code."""
+    if get_host.cache_info().currsize:
+        return get_host()
+    return _estimators_only()
+
+
+@lru_cache(maxsize=1)
+def _estimators_only() -> PluginHost:
+    return PluginHost.discover(hooks={"register_estimators": "estimator"})
 
 
 def discover_commands(strict: bool | None = None) -> PluginHost:

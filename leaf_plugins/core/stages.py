@@ -33,6 +33,8 @@ class StepContext:
     examples: "list[Example]"  # this process's prompts of the step
     inputs: dict[str, torch.Tensor]  # their model inputs (left padded), with the prompts' ``inputs_embeds``
     config: Any  # the run's ``TrainConfig`` (``leaf_plugins.training.config``)
+    first_prompt: int = 0  # the step position of ``examples[0]``: this process's prompts are the step's
+    # ``first_prompt … first_prompt + len(examples) - 1`` (0 on one process)
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,8 @@ class RolloutRequest:
     surprisal_from: str  # "sampling" (after temperature and top-p) or "policy" (-log π_old)
     group_ids: list[int] | None = None  # one id per prompt (None: 0..P-1)
     context: StepContext | None = None  # the training step, when sampling for one (None in evaluation and benchmarks)
+    seed: int | None = None  # response k of the prompt with group id g is sampled from the key (seed, g, k), whatever
+    # the batch it is in (``keyed_draw``); None: a seed drawn from torch's default generator
 
 
 @dataclass(frozen=True)

@@ -2,15 +2,24 @@
 
 The paper's protocol: temperature 0.9, top-p 0.9, 200 new tokens, N runs. The same pass
 with K > 1 samples per prompt gives rollout groups for a fresh forkability analysis.
+
+Under a launch of several processes (torch.distributed's default group initialised with
+more than one process) ``sample_predictions`` is split: process r samples a contiguous
+range of the batches (``prompt_share`` over the batches), each batch with the number,
+examples and keys it has on one process, and the predictions are gathered onto every
+process in rank order, the one-process order. So the predictions are those of one
+process, and every process works for about 1/N of the generation's length.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import torch
+import torch.distributed as dist
 from tqdm import tqdm
 
 from leaf_plugins.backbones.base import LoadedBackbone
@@ -21,8 +30,14 @@ from leaf_plugins.training.checkpoint import latest_checkpoint
 from leaf_plugins.training.config import BackboneConfig
 from leaf_plugins.training.rollout import sample_responses
 from leaf_plugins.training.stage_plugins import RolloutStage
+from leaf_plugins.training.whole_step import prompt_share
 
-__all__ = ["Policy", "load_policy", "run_to_sample", "sample_groups", "sample_predictions"]
+__all__ = ["Policy", "load_policy", "run_to_sample", "sample_groups", "sample_predictions", "launch_rank",
+           "EVALUATION_STREAM"]
+
+EVALUATION_STREAM = 0x5EED_E7A1
+"""Mixed into the evaluation's sampling seed, so that evaluation under seed s and
+training under seed s draw from different keys."""
 
 
 @dataclass
@@ -36,7 +51,9 @@ class Policy:
 
 def load_policy(backbone: BackboneConfig, run_dir: str | Path | None = None, host: PluginHost | None = None) -> Policy:
     """The backbone of ``backbone`` with the adapter of the newest checkpoint of
-    ``run_dir`` (a ``leaf train`` output directory) or, with no run, without adapter."""
+    ``run_dir`` (a ``leaf train`` output directory) or, with no run, without adapter, on
+    this process's GPU (``cuda:LOCAL_RANK`` under a launch) where CUDA is available, else
+    on the CPU."""
     host = host or get_host()
     plugin = host.backbones.get(backbone.name)
     loaded = plugin.load(path=backbone.path, dtype=backbone.dtype, seed=backbone.seed)
@@ -48,6 +65,8 @@ def load_policy(backbone: BackboneConfig, run_dir: str | Path | None = None, hos
         if checkpoint is None:
             raise FileNotFoundError(f"{run_dir}: no checkpoint-* directory to evaluate")
         model = load_lora(model, str(checkpoint / "adapter"))
+    if torch.cuda.is_available():
+        model.to(torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))))
     model.eval()
     return Policy(plugin, loaded, model)
 
@@ -60,19 +79,35 @@ def run_to_sample(output_dir: str | Path, checkpoint: Path | None) -> Path | Non
     return Path(output_dir) if latest_checkpoint(Path(output_dir)) is not None else None
 
 
+def launch_rank() -> tuple[int, int]:
+    """This process's rank and the launch's number of processes: those of torch.distributed's
+    default group when it is initialised, else ``(0, 1)``."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
 def sample_groups(
     policy: Policy, examples: Sequence[Example], samples: int, temperature: float = 0.9, top_p: float = 0.9,
     max_new_tokens: int = 200, batch_prompts: int = 8, seed: int = 0, description: str = "sampling",
-    backend: str | None = None, stage: RolloutStage | None = None,
+    backend: str | None = None, stage: RolloutStage | None = None, rank: int = 0, world: int = 1,
 ) -> Iterator[Rollout]:
-    """``samples`` responses per example, ``batch_prompts`` examples per rollout (each
-    batch seeded from ``seed`` and its index, so any batch is reproducible), sampled by
+    """``samples`` responses per example, ``batch_prompts`` examples per rollout, sampled by
     the ``rollout`` hook of the run's plugins (``stage``) where one returns a rollout,
     else by the rollout ``backend`` (``sample_responses``: None is ``static`` where
-    supported)."""
+    supported). Example i's responses are drawn from the keys (``seed``, i, k), so they do
+    not depend on ``batch_prompts`` or on which examples share its batch; a plugin's
+    ``rollout`` hook gets torch's default generator seeded from ``seed`` and the batch's index.
+
+    With ``world`` > 1 it yields only the rollouts of process ``rank``'s share of the
+    batches (``prompt_share`` over the batches: a contiguous range, the first ranges one
+    batch longer), each with the batch number, examples and keys it has with ``world`` = 1:
+    the shares' rollouts in rank order are the one-process rollouts. A process whose
+    share is empty (fewer batches than processes) yields nothing."""
     starts = range(0, len(examples), batch_prompts)
     device = next(policy.model.parameters()).device
-    for number, start in enumerate(tqdm(starts, desc=description, unit="batch")):
+    for number in tqdm(prompt_share(len(starts), rank, world), desc=description, unit="batch", disable=rank != 0):
+        start = starts[number]
         chosen = examples[start : start + batch_prompts]
         inputs = policy.backbone.build_inputs(policy.loaded, [e.prompt for e in chosen], [e.audio for e in chosen])
         torch.manual_seed(seed * 1_000_003 + number)
@@ -81,7 +116,8 @@ def sample_groups(
                         top_p) if stage is not None else None
         yield rollout if rollout is not None else sample_responses(
             policy.model, policy.loaded, inputs, group_size=samples, max_new_tokens=max_new_tokens,
-            temperature=temperature, top_p=top_p, group_ids=list(range(start, start + len(chosen))), backend=backend)
+            temperature=temperature, top_p=top_p, group_ids=list(range(start, start + len(chosen))), backend=backend,
+            seed=seed ^ EVALUATION_STREAM)
 
 
 def sample_predictions(
@@ -90,9 +126,18 @@ def sample_predictions(
     stage: RolloutStage | None = None,
 ) -> list[list[str]]:
     """``runs`` lists of predictions, one per example each: the sampled decoding the
-    paper's metrics are averaged over (``backend`` and ``stage`` as ``sample_groups``)."""
+    paper's metrics are averaged over (``backend`` and ``stage`` as ``sample_groups``).
+
+    Under a launch of several processes (``launch_rank``) every process must call it with
+    the same arguments: each samples its share of the batches, and every process returns
+    the whole evaluation's predictions, those one process returns."""
+    rank, world = launch_rank()
     texts: list[str] = []
     for rollout in sample_groups(policy, examples, runs, temperature, top_p, max_new_tokens, batch_prompts, seed,
-                                 description="evaluating", backend=backend, stage=stage):
+                                 description="evaluating", backend=backend, stage=stage, rank=rank, world=world):
         texts.extend(rollout.texts)  # prompt-major: the runs of one example are consecutive
+    if world > 1:
+        shares: list[list[str] | None] = [None] * world
+        dist.all_gather_object(shares, texts)  # in rank order: the one-process order
+        texts = [text for share in shares for text in share]
     return [texts[run::runs] for run in range(runs)]

@@ -10,6 +10,11 @@ negative) and ``sum_pi_squared`` where the actor computed it
 (``actor_rollout_ref.actor.calculate_sum_pi_squared=true``). Estimator parameters come from
 ``algorithm.leaf_plugins`` (e.g. ``+algorithm.leaf_plugins.fork_budget=2``; a ``stages``
 entry holds stage overrides).
+
+It loads only the estimator plugins (``get_estimator_host``): no backbone, task or training
+code, so it runs with leaf-plugins' core dependencies beside verl's own. verl 0.9.1's trainer
+module imports packages verl does not declare (``pip install 'leaf-plugins[verl]'`` adds
+them); without them the estimators are still registered, and the trainer's own import fails.
 """
 
 from __future__ import annotations
@@ -21,19 +26,27 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
-from verl.trainer.ppo import core_algos, ray_trainer
+from verl.trainer.ppo import core_algos
 
 from leaf_plugins.core.engine import Engine
 from leaf_plugins.core.errors import ConfigError
-from leaf_plugins.core.plugins import get_host
+from leaf_plugins.core.plugins import get_estimator_host
 from leaf_plugins.integrations.padded import padded_batch
+
+try:
+    from verl.trainer.ppo import ray_trainer
+except ModuleNotFoundError as missing:  # e.g. cachetools: verl's trainer cannot run here either
+    ray_trainer = None
+    _TRAINER_MISSING: ModuleNotFoundError | None = missing
+else:
+    _TRAINER_MISSING = None
 
 __all__ = ["register", "install", "compute_advantage", "leaf_estimators", "PASSED_KEYS"]
 
 PASSED_KEYS = ("responses", "old_log_probs", "sum_pi_squared")
 """``DataProto.batch`` entries the wrapped ``compute_advantage`` passes to leaf estimators."""
 
-_VERL_COMPUTE_ADVANTAGE = ray_trainer.compute_advantage
+_VERL_COMPUTE_ADVANTAGE = getattr(ray_trainer, "compute_advantage", None)
 
 
 def leaf_estimators() -> dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]]:
@@ -44,7 +57,7 @@ def leaf_estimators() -> dict[str, Callable[..., tuple[torch.Tensor, torch.Tenso
 def register() -> list[str]:
     """Register every leaf-plugins estimator whose name verl does not already use;
     returns the names now served by leaf-plugins. Idempotent."""
-    for name in get_host().estimators.names():
+    for name in get_estimator_host().estimators.names():
         if name not in core_algos.ADV_ESTIMATOR_REGISTRY:
             core_algos.register_adv_est(name)(_verl_estimator(name))
     return sorted(leaf_estimators())
@@ -52,14 +65,16 @@ def register() -> list[str]:
 
 def install() -> None:
     """Register the estimators and make verl's trainers call ``compute_advantage`` below
-    (verl's modules that imported it by name are rebound too). Idempotent."""
+    (verl's modules that imported it by name are rebound too; nothing to rebind when verl's
+    trainer cannot be imported). Idempotent."""
     register()
+    if _VERL_COMPUTE_ADVANTAGE is None:
+        return
     for module in list(sys.modules.values()):
         if vars(module).get("compute_advantage") is _VERL_COMPUTE_ADVANTAGE:  # vars: no lazy-module __getattr__
             module.compute_advantage = compute_advantage  # type: ignore[attr-defined]
 
 
-@functools.wraps(_VERL_COMPUTE_ADVANTAGE)
 def compute_advantage(data: Any, adv_estimator: Any, *args: Any, **kwargs: Any) -> Any:
     """verl's ``compute_advantage``, except that a leaf-plugins estimator also receives
     the ``PASSED_KEYS`` the batch holds. Every other estimator goes to verl's own."""
@@ -83,6 +98,10 @@ def compute_advantage(data: Any, adv_estimator: Any, *args: Any, **kwargs: Any) 
     return data
 
 
+if _VERL_COMPUTE_ADVANTAGE is not None:
+    compute_advantage = functools.wraps(_VERL_COMPUTE_ADVANTAGE)(compute_advantage)
+
+
 @functools.cache
 def _verl_estimator(name: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     def estimator(
@@ -104,6 +123,7 @@ def _verl_estimator(name: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor
                 "to registered estimators: import leaf_plugins.integrations.verl (done on `import verl` through "
                 "the verl.plugins entry point when leaf-plugins is installed) and use verl's legacy trainer "
                 "(trainer.use_v1=false), whose compute_advantage it wraps; see docs/integrations.md"
+                + _trainer_missing_note()
             )
         engine = _engine(name, _options(config))
         groups = torch.as_tensor(np.unique(np.asarray(index, dtype=object).astype(str), return_inverse=True)[1])
@@ -116,6 +136,13 @@ def _verl_estimator(name: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor
     estimator.__qualname__ = estimator.__name__
     estimator.leaf_estimator = name  # type: ignore[attr-defined]
     return estimator
+
+
+def _trainer_missing_note() -> str:
+    if _TRAINER_MISSING is None:
+        return ""
+    return (f". verl's trainer could not be imported here ({_TRAINER_MISSING}), so nothing is wrapped: "
+            "pip install 'leaf-plugins[verl]' adds what it imports")
 
 
 def _options(config: Any) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from leaf_plugins.analysis.forkability import forkability_from_batches
 from leaf_plugins.analysis.rollout_log import batches_from_groups, read_groups
 from leaf_plugins.evaluation.bleu_interval import bleu_interval, paired_bleu_interval
 from leaf_plugins.evaluation.predictions import prediction_file, read_predictions, write_predictions
-from leaf_plugins.evaluation.sampling import load_policy, sample_predictions
+from leaf_plugins.evaluation.sampling import launch_rank, load_policy, sample_predictions
 from leaf_plugins.evaluation.text_metrics import Unavailable, average_runs, evaluate_texts
 from leaf_plugins.studies.config import EvaluationSettings, JudgesSettings
 from leaf_plugins.tasks.base import Example
@@ -31,10 +31,14 @@ BASELINE = "baseline"  # the study subdirectory where starting models are evalua
 def evaluate_model(
     backbone: BackboneConfig, run_dir: Path | None, examples: Sequence[Example], settings: EvaluationSettings,
     out_dir: Path, baseline: Path | None = None, backend: str | None = None, stage: RolloutStage | None = None,
-) -> dict[str, float | str]:
+) -> dict[str, float | str] | None:
     """Sample ``settings.runs`` predictions per example from the run's newest checkpoint
     (or the starting model when ``run_dir`` is None), write them to ``out_dir`` and return
     the metrics (each averaged over the runs; BLEU intervals from the first run).
+
+    Under a launch of several processes every process calls it: each samples its share of
+    the examples (``sample_predictions``), and the first process (rank 0) writes the
+    predictions one process writes and scores them; the others return None.
 
     :param baseline: a prediction file of the starting model on the same examples; the
         paired BLEU difference from it is then reported as ``delta_bleu``.
@@ -47,6 +51,8 @@ def evaluate_model(
     references = [example.reference for example in examples]
     runs = sample_predictions(policy, examples, settings.runs, settings.temperature, settings.top_p,
                               settings.max_new_tokens, settings.batch_prompts, settings.seed, backend, stage)
+    if launch_rank()[0] != 0:
+        return None
     write_predictions(out_dir, examples, runs)
     averaged = average_runs([evaluate_texts(predictions, references, settings.metrics) for predictions in runs])
     metrics: dict[str, float | str] = {

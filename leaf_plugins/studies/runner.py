@@ -12,11 +12,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
+import torch
 from accelerate import PartialState
 from ruamel.yaml import YAML
 from tqdm import tqdm
 
-from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.studies.claims import claim
 from leaf_plugins.studies.config import PlannedRun, Study, slug
@@ -42,7 +42,9 @@ def run_study(study: Study, plugins: Sequence[object] = (), host: PluginHost | N
     """Run every unfinished run of ``study``; return the results table's path.
     ``plugins`` are passed to every run's trainer (observers, stage overrides)."""
     host = host or get_host()
-    state = PartialState()  # under `accelerate launch`, runs train on every process; the rest is the main one's
+    # under `accelerate launch`, every process trains and samples; the rest is the main one's. As the trainer's
+    # Accelerator: without CUDA the processes use gloo on CPU (a plain PartialState() would make each one "main")
+    state = PartialState(cpu=not torch.cuda.is_available())
     output = study.output_dir
     with StudyLock(output) if state.is_main_process else contextlib.nullcontext():
         return _run_locked(study, plugins, host, state)
@@ -65,8 +67,8 @@ def _run_locked(study: Study, plugins: Sequence[object], host: PluginHost, state
         print(f"{len(study.runs) - len(pending)} of {len(study.runs)} runs already finished: skipped")
     for run in tqdm(pending, desc="study", unit="run", disable=not state.is_main_process):
         _train(run, host, plugins, cache)
+        _evaluate(study, run, host, cache)  # every process samples its share; the main one writes and scores
         if state.is_main_process:
-            _evaluate(study, run, host, cache)
             write_results(study)
         state.wait_for_everyone()
     if state.is_main_process:  # the judges score what they have not scored yet; the table is rewritten
@@ -90,13 +92,15 @@ def baseline_dir(study: Study, config: TrainConfig) -> Path:
 
 
 def _evaluate_start(study: Study, config: TrainConfig, held_out: list[Example]) -> Path:
-    """The starting model's predictions (evaluated once per backbone and task)."""
+    """The starting model's predictions (evaluated once per backbone and task; by every
+    process of a launch, each its share, the main one writing)."""
     directory = baseline_dir(study, config)
     if not (directory / EVALUATION).exists():
         tqdm.write(f"evaluating the starting model (no RL) -> {directory}")
         metrics = evaluate_model(config.backbone, None, held_out, study.config.evaluation, directory,
                                  backend=config.rollout.backend)
-        replace_text(directory / EVALUATION, json.dumps(metrics, indent=1))
+        if metrics is not None:
+            replace_text(directory / EVALUATION, json.dumps(metrics, indent=1))
     return directory / PREDICTIONS
 
 
@@ -116,13 +120,16 @@ def _train(run: PlannedRun, host: PluginHost, plugins: Sequence[object], cache: 
 
 
 def _evaluate(study: Study, run: PlannedRun, host: PluginHost, cache: dict) -> None:
-    """Evaluate the trained run on the held-out split; ``evaluation.json`` marks it done."""
+    """Evaluate the trained run on the held-out split; ``evaluation.json`` marks it done.
+    Every process of a launch calls it and samples its share; the main one writes."""
     config, settings = run.config, study.config.evaluation
     held_out = _examples(host, config, settings.split, cache)[: settings.limit]
     baseline = _evaluate_start(study, config, held_out) if study.config.baseline else None
     started = time.perf_counter()
     metrics = evaluate_model(config.backbone, run.directory, held_out, settings, run.directory, baseline,
                              backend=config.rollout.backend, stage=rollout_stage(config, host))
+    if metrics is None:  # not the main process
+        return
     metrics.update(training_summary(run.directory, settings))
     times = run.directory / TIMES
     metrics.update({"variation": run.variation, "seed": run.seed,

@@ -13,7 +13,8 @@ embedded once and shared by their K responses), ``generation_weights`` (sharded 
 gathered once per rollout); ``loss`` (the paper's clipped, KL-regularised token loss),
 ``selected_logprobs`` (log-softmax of the chosen tokens, chunked), ``aggregation``
 (token weights independent of micro-batching), ``update`` (one step's gradient over
-micro-batches); ``lora`` (peft adapters; the reference policy is the adapter disabled),
+micro-batches), ``whole_step`` (each process's share of the step's prompts, and the
+whole step gathered onto every process), ``sharding`` (``sharding: fsdp2``); ``lora`` (peft adapters; the reference policy is the adapter disabled),
 ``checkpointing`` (activation checkpointing), ``warm_start`` (supervised warm start);
 ``checkpoint`` and ``durable`` (exact resume, crash-safe writes); ``finite`` (guards
 against non-finite rewards and losses); ``environment`` (the software and hardware a

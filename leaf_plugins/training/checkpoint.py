@@ -1,4 +1,25 @@
-"""Checkpoints that a re-run resumes from exactly: adapter, optimizer, RNG states, step."""
+"""Checkpoints that a re-run resumes from exactly: adapter, optimizer, every process's
+RNG states, step.
+
+A checkpoint ``checkpoint-<step>/`` holds:
+
+* ``adapter/``: the LoRA adapter in peft's format (``adapter_model.safetensors``,
+  ``adapter_config.json``, as ``save_pretrained`` writes it), whole, written by the main
+  process; evaluation and users load it with ``PeftModel.from_pretrained``;
+* ``state.pt``: the step, the process count, the sharding, and (unsharded runs) the
+  optimizer's state dict;
+* ``rng-rank<r>.pt``: the Python, NumPy and torch RNG states of process ``r``, one file
+  per process;
+* ``sharded/`` (``sharding: fsdp2`` only): a ``torch.distributed.checkpoint`` of the
+  adapter's and the optimizer's shards, each process writing its own, which a resume
+  loads back into the shards.
+
+Every process writes into ``.partial-<step>/``; after all have written (a barrier) the
+main process fsyncs it and renames it to ``checkpoint-<step>``, so a kill of any process
+at any instant leaves only complete checkpoints (a ``.partial-*`` left behind is removed
+at the next save or start). The newest ``keep`` checkpoints are kept, the older ones
+deleted after the rename.
+"""
 
 from __future__ import annotations
 
@@ -10,39 +31,124 @@ from typing import Any
 import numpy as np
 import torch
 
+from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.training.durable import fsync_directory, fsync_tree
+from leaf_plugins.training.sharding import is_sharded
 
-__all__ = ["save_checkpoint", "latest_checkpoint", "load_checkpoint", "remove_partials"]
+__all__ = ["KEEP_ALL", "keep_checkpoints_problem", "save_checkpoint", "latest_checkpoint", "load_checkpoint",
+           "remove_partials"]
+
+KEEP_ALL = "all"
+"""``keep_checkpoints: all``: no checkpoint is deleted."""
 
 
-def save_checkpoint(directory: Path, step: int, model: Any, optimizer: torch.optim.Optimizer) -> Path:
-    """Write ``checkpoint-<step>`` atomically (a temporary directory, fsynced, renamed at
-    the end) and keep only the newest one. The adapter is saved with peft's ``save_pretrained``.
-    A step is written once: when ``checkpoint-<step>`` exists already (complete, since
-    only a finished write has that name) it is kept as it is. Half-written ``.partial-*``
-    directories of earlier, killed writes are removed first."""
+def keep_checkpoints_problem(value: Any) -> str | None:
+    """The config validator of ``keep_checkpoints``: an integer >= 1 or ``all``."""
+    if value == KEEP_ALL or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return None
+    return (f"must be an integer >= 1 (the newest N checkpoints are kept) or '{KEEP_ALL}' (none is deleted), "
+            f"got {value!r}")
+
+
+class _Processes:
+    """The run's processes as checkpointing sees them: this one's index, their count, a
+    barrier. Without an accelerator: one process."""
+
+    def __init__(self, accelerator: Any | None) -> None:
+        self.accelerator = accelerator
+        self.rank = accelerator.process_index if accelerator is not None else 0
+        self.world = accelerator.num_processes if accelerator is not None else 1
+        self.main = self.rank == 0
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            self.accelerator.wait_for_everyone()
+
+
+def save_checkpoint(directory: Path, step: int, model: Any, optimizer: torch.optim.Optimizer,
+                    accelerator: Any | None = None, keep: int | str = 1) -> Path:
+    """Write ``checkpoint-<step>`` atomically and keep the newest ``keep`` checkpoints
+    (``KEEP_ALL``: all). Called by every process of the run at once (it synchronises
+    them); ``model`` is the PeftModel, FSDP2-sharded or not. A step is written once: when
+    ``checkpoint-<step>`` exists already (complete, since only a finished write has that
+    name) it is kept as it is. Half-written ``.partial-*`` directories of earlier, killed
+    writes are removed first.
+
+    :param accelerator: the run's ``Accelerator`` (its process index and count, and the
+        barrier); None: a single process.
+    """
+    processes = _Processes(accelerator)
     target = directory / f"checkpoint-{step:08d}"
+    processes.barrier()  # every process has finished the step, and nobody writes yet
     if target.is_dir():
         return target
-    remove_partials(directory)
     partial = directory / f".partial-{step:08d}"
-    partial.mkdir(parents=True)
-    model.save_pretrained(partial / "adapter")
-    torch.save(
-        {
-            "step": step,
-            "optimizer": optimizer.state_dict(),
-            "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
-        },
-        partial / "state.pt",
-    )
-    fsync_tree(partial)  # the content is on disk before the name says it is complete
-    partial.rename(target)
-    fsync_directory(directory)
-    for old in directory.glob("checkpoint-*"):
-        if old != target:
-            shutil.rmtree(old)
+    if processes.main:
+        remove_partials(directory)
+        partial.mkdir(parents=True)
+    processes.barrier()  # the directory exists for every process
+    sharded = is_sharded(model)
+    if sharded:
+        _save_sharded(partial, model, optimizer, processes)
+    elif processes.main:
+        model.save_pretrained(partial / "adapter")
+    if processes.main:
+        state = {"step": step, "world_size": processes.world, "sharding": "fsdp2" if sharded else "none"}
+        torch.save(state if sharded else {**state, "optimizer": optimizer.state_dict()}, partial / "state.pt")
+    torch.save(_rng_state(), partial / f"rng-rank{processes.rank}.pt")
+    processes.barrier()  # every process's files are written
+    if processes.main:
+        fsync_tree(partial)  # the content is on disk before the name says it is complete
+        partial.rename(target)
+        fsync_directory(directory)
+        _prune(directory, target, keep)
+    processes.barrier()  # the checkpoint exists for every process
     return target
+
+
+def _save_sharded(partial: Path, model: Any, optimizer: torch.optim.Optimizer, processes: _Processes) -> None:
+    """The adapter gathered whole into ``adapter/`` (peft's format, main process) and
+    each process's shards of the adapter and the optimizer into ``sharded/`` (DCP)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    whole = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
+                                                                  ignore_frozen_params=True))  # on the main process
+    if processes.main:
+        model.save_pretrained(partial / "adapter", state_dict=whole)
+    shards = {"model": get_model_state_dict(model, options=StateDictOptions(ignore_frozen_params=True)),
+              "optimizer": get_optimizer_state_dict(model, _inner(optimizer))}
+    dcp.save(shards, checkpoint_id=partial / "sharded")
+
+
+def _prune(directory: Path, target: Path, keep: int | str) -> None:
+    """Delete the checkpoints older than ``target`` beyond the newest ``keep`` (``target`` counted)."""
+    if keep == KEEP_ALL:
+        return
+    older = sorted(path for path in directory.glob("checkpoint-*") if path.name < target.name)
+    for old in older[: max(len(older) - (int(keep) - 1), 0)]:
+        shutil.rmtree(old)
+
+
+def _rng_state() -> dict[str, Any]:
+    """This process's Python, NumPy, torch (and CUDA, where present) RNG states."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _inner(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The torch optimizer inside accelerate's ``AcceleratedOptimizer``."""
+    return getattr(optimizer, "optimizer", optimizer)
 
 
 def remove_partials(directory: Path) -> None:
@@ -57,16 +163,48 @@ def latest_checkpoint(directory: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def load_checkpoint(path: Path, model: Any, optimizer: torch.optim.Optimizer) -> int:
-    """Restore adapter weights, optimizer and RNG states; return the step reached."""
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
+def load_checkpoint(path: Path, model: Any, optimizer: torch.optim.Optimizer, accelerator: Any | None = None) -> int:
+    """Restore adapter weights, optimizer and this process's RNG states; return the step
+    reached. Called by every process at once. A sharded checkpoint is resumed sharded
+    (each process reads its shards), an unsharded one unsharded.
 
-    adapter = path / "adapter" / "adapter_model.safetensors"
-    set_peft_model_state_dict(model, load_file(str(adapter)))
+    :raises ConfigError: when the checkpoint's sharding differs from the model's.
+    """
+    processes = _Processes(accelerator)
     state = torch.load(path / "state.pt", weights_only=False)
-    optimizer.load_state_dict(state["optimizer"])
-    random.setstate(state["rng"]["python"])
-    np.random.set_state(state["rng"]["numpy"])
-    torch.set_rng_state(state["rng"]["torch"])
+    saved_sharding, sharded = state.get("sharding", "none"), is_sharded(model)
+    if (saved_sharding == "fsdp2") != sharded:
+        raise ConfigError(f"{path} was written by a run with sharding: {saved_sharding}, and this run has sharding: "
+                         f"{'fsdp2' if sharded else 'none'}: resume it with sharding: {saved_sharding}, or start "
+                         f"another output_dir")
+    if sharded:
+        _load_sharded(path, model, optimizer)
+    else:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        set_peft_model_state_dict(model, load_file(str(path / "adapter" / "adapter_model.safetensors")))
+        optimizer.load_state_dict(state["optimizer"])
+    own = path / f"rng-rank{processes.rank}.pt"
+    if own.exists():  # absent: the run had fewer processes, this one starts from its seeded RNG
+        _set_rng_state(torch.load(own, weights_only=False))
+    elif "rng" in state:  # a checkpoint holding only the main process's RNG states
+        _set_rng_state(state["rng"])
     return int(state["step"])
+
+
+def _load_sharded(path: Path, model: Any, optimizer: torch.optim.Optimizer) -> None:
+    """Each process's shards of the adapter and the optimizer from ``sharded/`` (DCP)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    only_trained = StateDictOptions(ignore_frozen_params=True)
+    shards = {"model": get_model_state_dict(model, options=only_trained),
+              "optimizer": get_optimizer_state_dict(model, _inner(optimizer))}
+    dcp.load(shards, checkpoint_id=path / "sharded")  # into the shards in place; a missing key is an error
+    # not strict: the frozen base weights are not in the checkpoint (they come from the backbone)
+    set_model_state_dict(model, shards["model"], options=StateDictOptions(ignore_frozen_params=True, strict=False))
+    set_optimizer_state_dict(model, _inner(optimizer), shards["optimizer"])

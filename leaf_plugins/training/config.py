@@ -10,11 +10,13 @@ from leaf_plugins.core.config import build_collecting, format_errors, load_yaml,
 from leaf_plugins.core.errors import ConfigError, LeafError
 from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.training.aggregation import LOSS_AGGREGATIONS
+from leaf_plugins.training.checkpoint import keep_checkpoints_problem
 from leaf_plugins.training.estimator_switch import announce_dropped, apply_layer, estimator_problems
 from leaf_plugins.training.finite import NONFINITE_REWARD_POLICIES
 from leaf_plugins.training.loss import OLD_LOGPROB_SOURCES
 from leaf_plugins.training.ranges import RUN_RANGES
 from leaf_plugins.training.rollout import SURPRISAL_SOURCES
+from leaf_plugins.training.sharding import SHARDING_MODES
 from leaf_plugins.training.stage_plugins import plugins_validator
 
 __all__ = [
@@ -84,6 +86,8 @@ class TrainConfig:
     seed: int = 0
     steps: int = 100
     checkpoint_every: int = 10
+    keep_checkpoints: int | str = 1  # the newest N checkpoints are kept (older ones deleted), or all
+    sharding: str = "none"  # none (each process holds the model; DDP), or fsdp2: sharded over the processes
     log_rollouts: bool = False  # every step's rollout groups to rollouts.jsonl (forkability analysis)
     nonfinite_rewards: str = "error"  # a NaN/inf reward stops the run, or drop_group: its group is left out
     threads: int | None = None  # torch's CPU threads; unset: chosen from the model and usable cores (training/threads.py)
@@ -141,6 +145,8 @@ def train_validators(host: PluginHost, prefix: str = "") -> dict[str, Callable[[
         "threads": lambda value: None if value is None or (isinstance(value, int) and not isinstance(value, bool)
                                                             and 1 <= value <= 1024)
         else f"must be an integer in [1, 1024] (or unset: chosen from the model and the usable cores), got {value!r}",
+        "keep_checkpoints": keep_checkpoints_problem,
+        "sharding": lambda value: None if value in SHARDING_MODES else f"must be one of {', '.join(SHARDING_MODES)}",
         "nonfinite_rewards": lambda value: None if value in NONFINITE_REWARD_POLICIES
         else f"must be one of {', '.join(NONFINITE_REWARD_POLICIES)}",
         "rollout.surprisal_from": lambda value: None if value in SURPRISAL_SOURCES

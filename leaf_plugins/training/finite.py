@@ -4,10 +4,9 @@ or gradient."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
@@ -17,7 +16,7 @@ from leaf_plugins.core.stages import Rollout
 from leaf_plugins.tasks.base import Example
 from leaf_plugins.training.checkpoint import latest_checkpoint
 
-__all__ = ["NONFINITE_REWARD_POLICIES", "bad_reward_prompts", "keep_prompts", "check_update", "scorer_name"]
+__all__ = ["NONFINITE_REWARD_POLICIES", "bad_reward_prompts", "check_update", "scorer_name"]
 
 NONFINITE_REWARD_POLICIES = ("error", "drop_group")
 """``error``: stop at a NaN/inf reward; ``drop_group``: train the step without its group."""
@@ -69,23 +68,6 @@ def bad_reward_prompts(
 def _response_text(rollout: Rollout, row: int) -> str:
     text = rollout.texts[row] if row < len(rollout.texts) else ""
     return repr(text if len(text) <= 40 else text[:37] + "...")
-
-
-def keep_prompts(context: Any, rollout: Rollout, rewards: torch.Tensor, dropped: Iterable[int]) -> tuple[Any, Rollout,
-                                                                                                         torch.Tensor]:
-    """The step without the prompts ``dropped``: its context (examples and model
-    inputs), rollout (prompt index renumbered) and ``[N']`` rewards."""
-    count = len(context.examples)
-    kept = [p for p in range(count) if p not in set(dropped)]
-    renumber = torch.full((count,), -1, dtype=torch.int64)
-    renumber[kept] = torch.arange(len(kept))
-    rows = torch.isin(rollout.prompt_index, torch.tensor(kept)).nonzero().squeeze(1)  # [N']
-    smaller = Rollout(batch=rollout.batch.select(rows), prompt_index=renumber[rollout.prompt_index[rows]],
-                      texts=[rollout.texts[i] for i in rows.tolist()])
-    index = torch.tensor(kept)
-    inputs = {key: value[index.to(value.device)] for key, value in context.inputs.items()}
-    narrowed = dataclasses.replace(context, examples=[context.examples[p] for p in kept], inputs=inputs)
-    return narrowed, smaller, rewards[rows]
 
 
 def check_update(model: torch.nn.Module, loss: float, step: int, output_dir: Path) -> None:

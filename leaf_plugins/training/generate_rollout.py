@@ -11,11 +11,18 @@ from transformers import LogitsProcessorList
 
 from leaf_plugins.backbones.base import LoadedBackbone
 from leaf_plugins.core.stages import Rollout
+from leaf_plugins.training.decoding.keyed_draw import response_keys
 from leaf_plugins.training.prompt_embedding import embed_prompts, head_on_positions
 from leaf_plugins.training.rollout_assembly import assemble_rollout, audio_token_ids
 from leaf_plugins.training.token_stats import TokenStatistics
 
-__all__ = ["generate_rollout"]
+__all__ = ["generate_rollout", "sampling_seed"]
+
+
+def sampling_seed(seed: int | None) -> int:
+    """The rollout's sampling seed: ``seed``, or one drawn from torch's default generator
+    when None (so a caller that seeded torch still gets a reproducible rollout)."""
+    return int(torch.randint(0, 2**62, (1,))) if seed is None else int(seed)
 
 
 @torch.no_grad()
@@ -29,6 +36,7 @@ def generate_rollout(
     top_p: float = 0.9,
     surprisal_from: str = "sampling",
     group_ids: Sequence[int] | None = None,
+    seed: int | None = None,
 ) -> Rollout:
     """Sample ``group_size`` responses for every prompt of ``inputs`` (left padded).
 
@@ -36,18 +44,23 @@ def generate_rollout(
     has them, see ``embed_prompts``) and the embeddings expanded to the K rows, so the
     audio encoder runs once per prompt. The per-token statistics are taken at each step
     (``TokenStatistics``): memory ``O(N·T)``, not ``O(N·T·V)``. Generation stops at EOS,
-    which belongs to the response; what follows is padding.
+    which belongs to the response; what follows is padding. The tokens are drawn by
+    ``keyed_draw.draw`` from the responses' keys (``seed``, the group ids, k): the same
+    draws as the static loop's, whatever the batch.
     """
     tokenizer = loaded.tokenizer
     embeddings = inputs["inputs_embeds"] if "inputs_embeds" in inputs else embed_prompts(model, inputs)  # [P, L, H]
     device = embeddings.device
-    statistics = TokenStatistics(temperature, top_p, audio_token_ids(loaded), device)
+    prompts = embeddings.shape[0]
+    keys = response_keys(sampling_seed(seed), group_ids if group_ids is not None else range(prompts), group_size,
+                         device)  # [N]
+    statistics = TokenStatistics(temperature, top_p, audio_token_ids(loaded), device, keys)
     with head_on_positions(model, slice(-1, None)):  # the prefill projects the last position only, not [N, L, V]
         generated = model.generate(
             inputs_embeds=embeddings.repeat_interleave(group_size, dim=0),  # [N, L, H]
             attention_mask=inputs["attention_mask"].repeat_interleave(group_size, dim=0),
             logits_processor=LogitsProcessorList([statistics]),
-            do_sample=True,
+            do_sample=True,  # over TokenStatistics' one-hot scores: the token it drew
             temperature=1.0,  # TokenStatistics applies the temperature, top-p and the audio-token ban
             top_p=1.0,
             top_k=0,

@@ -52,6 +52,7 @@ def sample_responses(
     backend: str | None = None,
     context: StepContext | None = None,
     host: PluginHost | None = None,
+    seed: int | None = None,
 ) -> Rollout:
     """Sample ``group_size`` responses for every prompt of ``inputs`` (left padded).
 
@@ -64,11 +65,14 @@ def sample_responses(
         package's), or None: ``static`` where the model is supported (on CUDA only where
         ``STATIC_BY_DEFAULT_ON_CUDA``), else ``generate`` (``rollout_backend.resolve_backend``).
     :param context: the training step sampled for (passed on to the backend).
+    :param seed: the sampling seed: response k of the prompt with group id ``g`` (from
+        ``group_ids``, default its row) draws from the key (seed, g, k), the same in any
+        batch (``decoding/keyed_draw.py``); None: a seed drawn from torch's default generator.
     """
     if surprisal_from not in SURPRISAL_SOURCES:
         raise ValueError(f"surprisal_from must be one of {SURPRISAL_SOURCES}, got {surprisal_from!r}")
     host = host or get_host()
     sampler = host.rollout_backends.get(resolve_backend(model, backend, host))
     request = RolloutRequest(model, loaded, inputs, group_size, max_new_tokens, temperature, top_p, surprisal_from,
-                             list(group_ids) if group_ids is not None else None, context)
+                             list(group_ids) if group_ids is not None else None, context, seed)
     return sampler.sample(request)

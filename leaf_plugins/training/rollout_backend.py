@@ -48,7 +48,7 @@ class StaticBackend:
 
         return static_rollout(request.model, request.loaded, request.inputs, request.group_size,
                               request.max_new_tokens, request.temperature, request.top_p, request.surprisal_from,
-                              request.group_ids)
+                              request.group_ids, request.seed)
 
 
 class GenerateBackend:
@@ -59,7 +59,7 @@ class GenerateBackend:
 
         return generate_rollout(request.model, request.loaded, request.inputs, request.group_size,
                                 request.max_new_tokens, request.temperature, request.top_p, request.surprisal_from,
-                                request.group_ids)
+                                request.group_ids, request.seed)
 
 
 @hookimpl

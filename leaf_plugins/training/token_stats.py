@@ -6,7 +6,9 @@ vocabulary that is 6 GB per kind, to read three numbers per token. ``TokenStatis
 is a logits processor that applies the sampling transforms itself (audio tokens
 suppressed, temperature, top-p: the processors ``generate`` would build, in its order)
 and keeps only ``[N, T]`` statistics plus the last step's ``[N, V]`` log-probabilities
-(needed until the next call reveals which token was sampled).
+(needed until the next call reveals which token was sampled). It also draws the token
+(``keyed_draw.draw``, from the responses' keys) and returns scores that allow only that
+token, so ``generate`` samples what the static loop would.
 """
 
 from __future__ import annotations
@@ -16,18 +18,27 @@ from typing import Sequence
 import torch
 from transformers import LogitsProcessor, SuppressTokensLogitsProcessor, TemperatureLogitsWarper, TopPLogitsWarper
 
+from leaf_plugins.training.decoding.keyed_draw import draw
+
 __all__ = ["TokenStatistics"]
 
 
 class TokenStatistics(LogitsProcessor):
     """Records, per generated position, log π(token) and Σ_v π(v)² under the policy
     distribution (raw logits / temperature, no top-p) and log q(token) under the
-    sampling distribution (after suppression, temperature and top-p), and returns the
-    sampling scores. Pass it as ``generate``'s only logits processor, with
-    ``temperature=1.0, top_p=1.0, top_k=0`` and no ``suppress_tokens`` (it does those)."""
+    sampling distribution (after suppression, temperature and top-p), draws each row's
+    token from the sampling distribution with its key, and returns scores that are 0 at
+    that token and ``-inf`` elsewhere. Pass it as ``generate``'s only logits processor,
+    with ``do_sample=True, temperature=1.0, top_p=1.0, top_k=0`` and no
+    ``suppress_tokens`` (it does those).
 
-    def __init__(self, temperature: float, top_p: float, suppress: Sequence[int], device: torch.device) -> None:
+    :param keys: ``[N]`` int64 the responses' sampling keys (``keyed_draw.response_keys``).
+    """
+
+    def __init__(self, temperature: float, top_p: float, suppress: Sequence[int], device: torch.device,
+                 keys: torch.Tensor) -> None:
         self.temperature = temperature
+        self.keys = keys
         self.transforms: list[LogitsProcessor] = []
         if suppress:
             self.transforms.append(SuppressTokensLogitsProcessor(list(suppress), device=device))
@@ -51,9 +62,12 @@ class TokenStatistics(LogitsProcessor):
         sampling_scores = scores
         for transform in self.transforms:
             sampling_scores = transform(input_ids, sampling_scores)
-        self._pending = (policy, torch.log_softmax(sampling_scores, dim=-1))
+        sampling = torch.log_softmax(sampling_scores, dim=-1)  # [N, V] log q
+        self._pending = (policy, sampling)
         self.vocab_size = scores.shape[-1]
-        return sampling_scores
+        column = len(self._sum_pi_squared) - 1
+        token = draw(torch.softmax(sampling_scores.float(), dim=-1), self.keys.to(scores.device), column)  # [N]
+        return torch.full_like(scores, float("-inf")).scatter_(1, token.unsqueeze(1), 0.0)
 
     def finish(self, last_tokens: torch.Tensor) -> dict[str, torch.Tensor]:
         """The ``[N, T]`` statistics, given the tokens sampled at the last step

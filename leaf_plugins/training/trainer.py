@@ -3,13 +3,16 @@
 Rollout, scoring and the loss are hooks (``rollout``, ``score_rollouts``,
 ``compute_loss``) on the run's plugin manager, next to the estimator's stages, so a
 plugin the run config names in ``plugins:`` replaces any of them (``stage_plugins.py``).
-Runs work unchanged under ``accelerate launch`` (each process takes its share of the step's
-prompts; gradients are averaged by DDP), resume exactly from their newest checkpoint,
+Runs work unchanged under ``accelerate launch`` or ``torchrun`` and train what one process
+trains: each process samples its share of the step's prompts with the same per-response
+sampling keys, every process estimates on the whole step (``whole_step.py``), and DDP
+sums the shares' gradients into the step's. They resume exactly from their newest checkpoint,
 and save one on Ctrl-C or SIGTERM (unless the step is saved already) before stopping.
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import json
 import time
@@ -34,15 +37,17 @@ from leaf_plugins.training.config import TrainConfig
 from leaf_plugins.training.checkpointing import enable_activation_checkpointing
 from leaf_plugins.training.durable import truncate_log
 from leaf_plugins.training.environment import record_environment
-from leaf_plugins.training.finite import bad_reward_prompts, check_update, keep_prompts, scorer_name
+from leaf_plugins.training.finite import bad_reward_prompts, check_update, scorer_name
 from leaf_plugins.training.generation_weights import gathered_for_generation
 from leaf_plugins.training.lora import attach_lora
 from leaf_plugins.training.loss import policy_loss
 from leaf_plugins.training.rollout import audio_token_ids, sample_responses
 from leaf_plugins.training.rollout_backend import resolve_backend
+from leaf_plugins.training.sharding import prepare_training, shard_policy
 from leaf_plugins.training.stage_plugins import record_plugins, register_stage_plugins, resolve_plugins
 from leaf_plugins.training.threads import apply_threads
 from leaf_plugins.training.update import accumulate_gradients, with_prompt_embeddings
+from leaf_plugins.training.whole_step import check_world, gather_rollout, prompt_share
 
 __all__ = ["StepContext", "DefaultStages", "Trainer", "ROLLOUT_LOG"]
 
@@ -72,10 +77,11 @@ class DefaultStages:
             temperature=settings.temperature,
             top_p=settings.top_p,
             surprisal_from=settings.surprisal_from,
-            group_ids=[context.step * 1_000_000 + i for i in range(len(context.examples))],
+            group_ids=[context.step * 1_000_000 + context.first_prompt + i for i in range(len(context.examples))],
             backend=self.backend,
             context=context,
             host=self.host,
+            seed=context.config.seed,  # with the group ids: the same responses on any number of processes
         )
 
     @hookimpl(trylast=True)
@@ -116,19 +122,24 @@ class Trainer:
         host = host or get_host()
         self.backbone = host.backbones.get(config.backbone.name)
         reward = host.rewards.get(config.reward)
+        check_world(config.rollout.prompts_per_step, self.accelerator.num_processes)  # before the model loads
+        if self.accelerator.num_processes > 1:
+            atexit.register(_destroy_process_group)
         torch.manual_seed(config.seed)
         self.loaded = self.backbone.load(path=config.backbone.path, dtype=config.backbone.dtype, seed=config.backbone.seed)
-        share = -(-config.rollout.prompts_per_step // self.accelerator.num_processes)  # this process's prompts
+        share = len(prompt_share(config.rollout.prompts_per_step, 0, self.accelerator.num_processes))  # the largest
         self.threads = apply_threads(config.threads, self.loaded.model, rows=share * config.rollout.group_size)
         model = attach_lora(self.loaded, config.lora.rank, config.lora.alpha, config.lora.dropout)
         if config.optim.activation_checkpointing:
             enable_activation_checkpointing(model)
+        if config.sharding == "fsdp2":
+            model = shard_policy(model, self.accelerator, config)  # FSDP2 per decoder layer, then the root
         optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=config.optim.learning_rate)
-        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self.model, self.optimizer = prepare_training(self.accelerator, model, optimizer)  # DDP unless sharded
         self.completed = 0  # optimizer steps done (each one logged in metrics.jsonl)
         self.saved = 0  # the step of the newest checkpoint (0: none)
         self.audio_tokens = torch.tensor(audio_token_ids(self.loaded))  # [A] placeholder ids, not prompt text
-        # the main process logs its share of every step's rollout groups (1-based step numbers)
+        # the main process logs every group of every step (the estimator sees the whole step; 1-based step numbers)
         self.rollout_logger = (RolloutLogger(self.output_dir / ROLLOUT_LOG)
                                if config.log_rollouts and self.accelerator.is_main_process else None)
         backend = resolve_backend(self.policy, config.rollout.backend, host)  # static where supported
@@ -186,47 +197,63 @@ class Trainer:
                     self._save(step)
         finally:
             progress.close()
-            self.accelerator.end_training()
+            for tracker in self.accelerator.trackers:  # the process group stays: a study trains run after run
+                tracker.finish()
         return done
 
     def train_step(self, step: int) -> dict[str, float]:
         """One optimizer step on this step's prompts, logged in ``metrics.jsonl``;
         ``self.completed`` becomes ``step + 1``. The optimizer step and its log line are
         one unit for Ctrl-C and SIGTERM (held until both are done), so an interrupt never
-        finds weights that are a step ahead of the log."""
-        config = self.config
-        examples = self._prompts_of(step)
+        finds weights that are a step ahead of the log.
+
+        Each process samples and scores its share of the step's prompts; the rollouts are
+        then gathered (``whole_step.py``), so every process screens the rewards, runs the
+        estimator and computes the metrics on the whole step, as one process would, and
+        back-propagates the loss of its own rows."""
+        config, accelerator = self.config, self.accelerator
+        step_examples = self._prompts_of(step)
+        share = prompt_share(len(step_examples), accelerator.process_index, accelerator.num_processes)
+        examples = step_examples[share.start : share.stop]
         inputs = self.backbone.build_inputs(self.loaded, [e.prompt for e in examples], [e.audio for e in examples])
-        inputs = {key: value.to(self.accelerator.device) for key, value in inputs.items()}
+        inputs = {key: value.to(accelerator.device) for key, value in inputs.items()}
         self._check_prompt_lengths(examples, inputs)
         inputs = with_prompt_embeddings(self.policy, inputs)  # audio encoded once per prompt for the whole step
-        context = StepContext(step, self.policy, self.loaded, examples, inputs, config)
+        context = StepContext(step, self.policy, self.loaded, examples, inputs, config, first_prompt=share.start)
         hook = self.engine.manager.hook
         started = time.perf_counter()
-        torch.manual_seed(config.seed * 1_000_003 + step * 1_009 + self.accelerator.process_index)
+        torch.manual_seed(config.seed * 1_000_003 + step * 1_009)  # for plugins that draw from torch's generator
         self.model.eval()
         with gathered_for_generation(self.model):  # FSDP2: weights gathered once, not per token and layer
             rollout = hook.rollout(context=context)
         rewards = hook.score_rollouts(context=context, rollout=rollout)
-        dropped = bad_reward_prompts(rewards, rollout, examples, step + 1, config.nonfinite_rewards,
+        whole = gather_rollout(rollout, rewards, share, accelerator.device)
+        # every process takes the same decision on the whole step's rewards
+        dropped = bad_reward_prompts(whole.rewards, whole.rollout, step_examples, step + 1, config.nonfinite_rewards,
                                      scorer_name(hook, config.reward))
-        if dropped:
+        if dropped and accelerator.is_main_process:
             tqdm.write(f"step {step + 1}: {len(dropped)} group(s) with a non-finite reward dropped")
-            context, rollout, rewards = keep_prompts(context, rollout, rewards, dropped)
-        batch = rollout.batch.with_rewards(rewards)
+        kept = ~torch.isin(whole.rollout.prompt_index, torch.tensor(dropped, dtype=torch.int64))  # [N] whole step
+        kept_rows = kept.nonzero().squeeze(1)
+        batch = whole.rollout.batch.select(kept_rows).with_rewards(whole.rewards[kept_rows])
         sampled = time.perf_counter()
         if self.rollout_logger is not None:
             self.rollout_logger.step = step + 1
         result = self.engine.estimate(batch)
         estimated = time.perf_counter()
-        losses = self._gradients(context, rollout, batch, result.advantages)
-        advantages = result.advantages[batch.mask]
+        own = whole.own_rows(accelerator.process_index)
+        advantages = torch.zeros(whole.rollout.batch.tokens.shape, dtype=result.advantages.dtype)  # [N, T] whole step
+        advantages[kept_rows] = result.advantages.to(advantages.device)
+        losses = self._gradients(context, rollout, advantages[own.start : own.stop, : rollout.batch.width],
+                                 kept[own.start : own.stop])
+        rewards = batch.rewards
+        token_advantages = result.advantages[batch.mask]
         metrics = {
             "reward_mean": float(rewards.mean()),
             "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
             "response_tokens_mean": float(batch.lengths.float().mean()),
-            "advantage_mean": float(advantages.mean()) if advantages.numel() else 0.0,
-            "advantage_abs_mean": float(advantages.abs().mean()) if advantages.numel() else 0.0,
+            "advantage_mean": float(token_advantages.mean()) if token_advantages.numel() else 0.0,
+            "advantage_abs_mean": float(token_advantages.abs().mean()) if token_advantages.numel() else 0.0,
             "groups_dropped": float(len(dropped)),
             **losses,
             "rollout_seconds": sampled - started,
@@ -241,12 +268,16 @@ class Trainer:
         return metrics
 
     # ------------------------------------------------------------------ pieces
-    def _gradients(self, context: StepContext, rollout: Rollout, batch: Any, advantages: torch.Tensor) -> dict:
-        """The gradient of the step's loss (``training/update.py``), checked finite; the
-        optimizer steps in ``train_step``."""
+    def _gradients(self, context: StepContext, rollout: Rollout, advantages: torch.Tensor, kept: torch.Tensor) -> dict:
+        """The gradient of the step's loss over this process's rows (``training/update.py``),
+        checked finite; the optimizer steps in ``train_step``.
+
+        :param advantages: ``[n, T]`` the advantages of this process's rows.
+        :param kept: ``[n]`` bool, the rows whose group was not dropped.
+        """
         self.model.train()
         self.optimizer.zero_grad()
-        totals = accumulate_gradients(self, context, rollout, batch, advantages)
+        totals = accumulate_gradients(self, context, rollout, rollout.batch, advantages, kept)
         check_update(self.policy, totals["loss"], self.completed + 1, self.output_dir)
         return totals
 
@@ -260,7 +291,8 @@ class Trainer:
                                   f"rollout.max_prompt_tokens={limit}")
 
     def _prompts_of(self, step: int) -> list[Example]:
-        """This process's share of the step's prompts: epochs of seeded permutations."""
+        """The step's prompts, in step order (epochs of seeded permutations); process r
+        samples ``prompt_share(len(...), r, world)`` of them."""
         count = len(self.examples)
         per_step = self.config.rollout.prompts_per_step
         chosen = []
@@ -268,11 +300,11 @@ class Trainer:
             epoch, position = divmod(slot, count)
             order = torch.randperm(count, generator=torch.Generator().manual_seed(self.config.seed * 7919 + epoch))
             chosen.append(self.examples[int(order[position])])
-        return chosen[self.accelerator.process_index :: self.accelerator.num_processes]
+        return chosen
 
     def _resume(self) -> int:
         found = latest_checkpoint(self.output_dir)
-        step = 0 if found is None else load_checkpoint(found, self.policy, self.optimizer)
+        step = 0 if found is None else load_checkpoint(found, self.policy, self.optimizer, self.accelerator)
         self.completed = self.saved = step
         if found is not None and self.accelerator.is_main_process:
             left = f"{self.config.steps - step} to go" if step < self.config.steps else "nothing left to train"
@@ -285,10 +317,9 @@ class Trainer:
 
     def _save(self, step: int) -> None:
         """Checkpoint ``step``; an interrupt arriving meanwhile is held until it is on disk."""
-        with deferred_interrupts():
-            self.accelerator.wait_for_everyone()
-            if self.accelerator.is_main_process:
-                save_checkpoint(self.output_dir, step, self.policy, self.optimizer)
+        with deferred_interrupts():  # every process writes its part (RNG states, shards)
+            save_checkpoint(self.output_dir, step, self.policy, self.optimizer, self.accelerator,
+                            keep=self.config.keep_checkpoints)
             self.saved = step
 
     def _kept(self) -> str:
@@ -304,6 +335,13 @@ class Trainer:
         with (self.output_dir / "metrics.jsonl").open("a") as handle:
             handle.write(json.dumps({"step": step, **metrics}) + "\n")
         self.accelerator.log(metrics, step=step)
+
+
+def _destroy_process_group() -> None:
+    """End the process group at exit (once, after every run of the process: a study
+    trains several in one launch), so that no rank aborts in the interpreter's teardown."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:

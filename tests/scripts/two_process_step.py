@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from leaf_plugins.training.lora import lora_state  # noqa: E402
 from leaf_plugins.training.trainer import Trainer  # noqa: E402
+from leaf_plugins.training.whole_step import prompt_share  # noqa: E402
 from training_cases import config, examples, host, step_gradient  # noqa: E402
 
 
@@ -24,7 +25,7 @@ def main(output: Path) -> None:
     gradient = step_gradient(trainer, examples()[:4], rank, world)
     metrics = trainer.run()
     torch.save({"lora": lora_state(trainer.policy), "world": world, "gradient": gradient,
-                "prompts": len(trainer._prompts_of(0)), "metrics": metrics}, output / f"rank{rank}.pt")
+                "prompts": len(prompt_share(len(trainer._prompts_of(0)), rank, world)), "metrics": metrics}, output / f"rank{rank}.pt")
 
 
 if __name__ == "__main__":

@@ -6,12 +6,12 @@ model's weights) and never synchronises with the host, so after a few eager warm
 steps on a side stream (which initialise cuBLAS workspaces and the allocator, as
 ``torch.cuda.graph`` requires) it is recorded once and every later step is one graph
 replay: no Python, no kernel launches from the host. The warm-up steps are real steps
-of the rollout (they advance the state like any other). Random numbers drawn inside the
-graph (the sampling race) come from the default generator, whose offsets graph replays
-advance exactly as eager calls do.
+of the rollout (they advance the state like any other). The step reads no random
+generator: its samples are keyed draws from the state's keys and column
+(``keyed_draw.py``), which a replay reads like any other buffer.
 
 The self-check: the step the graph records is first run eagerly from a snapshot of the
-state and the random generator, the state and generator are restored, and the graph's
+state, the state is restored, and the graph's
 first replay must then give the same tokens and log-probabilities (within
 ``CHECK_TOLERANCE``); otherwise ``GraphMismatch`` says how they differ, and a capture
 that fails raises ``GraphUnusable`` with the error. The capture
@@ -64,17 +64,6 @@ def eager_capture(step: Step) -> Step:
     return step
 
 
-def _rng_state(device: torch.device) -> torch.Tensor:
-    return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
-
-
-def _set_rng_state(device: torch.device, state: torch.Tensor) -> None:
-    if device.type == "cuda":
-        torch.cuda.set_rng_state(state, device)
-    else:
-        torch.set_rng_state(state)
-
-
 class GraphedStep:
     """Call it once per decode step: the first ``warmup`` calls run ``step`` eagerly
     (on a side stream on CUDA), the next one runs the self-check, captures the step and
@@ -112,13 +101,11 @@ class GraphedStep:
                 self.step()
             torch.cuda.current_stream(device).wait_stream(self.stream)
             return
-        rng = _rng_state(device)
         expected = self._eager_outputs() if self.check else None
         try:
             replay = self.capture(self.step)
         except RuntimeError as error:  # e.g. an operation that synchronises, or no memory left for the graph
             raise GraphUnusable(f"the decode step could not be captured as a CUDA graph ({error})") from error
-        _set_rng_state(device, rng)  # the replay draws what the eager step drew (recording draws nothing)
         replay()
         if expected is not None:
             self._compare(expected)

@@ -26,13 +26,16 @@ class DecodeState:
     logprobs: torch.Tensor  # [N, T] float32: log π(token), the policy distribution
     sampling_logprobs: torch.Tensor  # [N, T] float32: log q(token), the sampling distribution
     sum_pi_squared: torch.Tensor  # [N, T] float32: Σ_v π(v)²
+    keys: torch.Tensor  # [N] int64: each response's sampling key (``keyed_draw.response_keys``)
 
     @classmethod
-    def start(cls, prompt_lengths: torch.Tensor, new_tokens: int, pad_token_id: int) -> "DecodeState":
+    def start(cls, prompt_lengths: torch.Tensor, new_tokens: int, pad_token_id: int,
+              keys: torch.Tensor) -> "DecodeState":
         """The state before the first sample.
 
         :param prompt_lengths: ``[N]`` the real (unpadded) prompt length of each row: its
             first sample is fed at that position.
+        :param keys: ``[N]`` int64 the responses' sampling keys.
         """
         rows, device = prompt_lengths.shape[0], prompt_lengths.device
 
@@ -48,6 +51,7 @@ class DecodeState:
             logprobs=values(),
             sampling_logprobs=values(),
             sum_pi_squared=values(),
+            keys=keys.to(device=device, dtype=torch.int64),
         )
 
     def tensors(self) -> list[torch.Tensor]:
@@ -63,7 +67,7 @@ class DecodeState:
         for tensor, value in zip(self.tensors(), saved.tensors()):
             tensor.copy_(value)
 
-    def restart(self, prompt_lengths: torch.Tensor, pad_token_id: int) -> None:
+    def restart(self, prompt_lengths: torch.Tensor, pad_token_id: int, keys: torch.Tensor) -> None:
         """Reset the state in place to ``start``'s for a new rollout of the same shape
         (a captured step keeps reading and writing these very tensors)."""
-        self.restore(DecodeState.start(prompt_lengths, self.generated.shape[1], pad_token_id))
+        self.restore(DecodeState.start(prompt_lengths, self.generated.shape[1], pad_token_id, keys))

@@ -15,13 +15,11 @@ order of transforms:
   kept; transformers keeps those its sort happened to place last.) On the CPU the values
   are sorted by numpy, several times faster there than ``torch.sort``.
 
-The token is drawn from q by an exponential race: ``argmax_v q(v) / E_v`` with
-``E_v = -log U_v ~ Exp(1)`` independent is v with probability q(v) (the first of V
-Poisson clocks of rates q(v) to ring), computed as ``argmin_v q(v) / log U_v``: no
-data-dependent shapes, no host round trip, one uniform draw per entry. (``U_v = 0``
-gives ``E_v = inf``: that token cannot win, an event of probability 2^-24.) Finished
-rows produce the pad token (as ``generate`` does); their values are dropped when the
-rollout is assembled.
+The token is drawn from q by ``keyed_draw.draw``: inverse transform with a uniform that
+is a hash of the row's key (``state.keys``) and the output column, so a response's
+tokens do not depend on the other rows of the batch; no data-dependent shapes, no host
+round trip, no random generator. Finished rows produce the pad token (as ``generate``
+does); their values are dropped when the rollout is assembled.
 """
 
 from __future__ import annotations
@@ -32,6 +30,7 @@ import numpy as np
 import torch
 
 from leaf_plugins.training.decoding.decode_state import DecodeState
+from leaf_plugins.training.decoding.keyed_draw import draw
 
 __all__ = ["SamplingStep"]
 
@@ -69,10 +68,9 @@ class SamplingStep:
         policy = torch.log_softmax(scaled, dim=-1)  # [N, V]
         sum_pi_squared = policy.mul(2).exp_().sum(dim=-1)  # [N]
         sampling = torch.softmax(self.sampling_scores(scaled), dim=-1)  # [N, V] q (exp of -inf is slow on the CPU)
-        race = sampling / torch.rand_like(sampling).log_()  # -q(v) / E_v
-        token = race.argmin(dim=-1).masked_fill_(state.finished, self.pad_token_id)  # [N]
-        chosen = token.unsqueeze(1)  # [N, 1]
         column = state.column
+        token = draw(sampling, state.keys, column).masked_fill_(state.finished, self.pad_token_id)  # [N]
+        chosen = token.unsqueeze(1)  # [N, 1]
         state.generated.index_copy_(1, column, chosen)
         state.logprobs.index_copy_(1, column, policy.gather(1, chosen))
         state.sampling_logprobs.index_copy_(1, column, sampling.gather(1, chosen).log_())

@@ -46,11 +46,12 @@ from leaf_plugins.core.stages import Rollout
 from leaf_plugins.training.decoding.cuda_graph import Capture, GraphedStep, GraphUnusable, cuda_capture
 from leaf_plugins.training.decoding.decode_state import DecodeState
 from leaf_plugins.training.decoding.family import DecoderFamily, decoder_family
+from leaf_plugins.training.decoding.keyed_draw import response_keys
 from leaf_plugins.training.decoding.kv_buffers import KVBuffers
 from leaf_plugins.training.decoding.lean_decoder import LeanDecoder, fold_bytes
 from leaf_plugins.training.decoding.phase_timer import PhaseTimer
 from leaf_plugins.training.decoding.sampling_step import SamplingStep
-from leaf_plugins.training.generate_rollout import generate_rollout
+from leaf_plugins.training.generate_rollout import generate_rollout, sampling_seed
 from leaf_plugins.training.generation_weights import gathered_for_generation
 from leaf_plugins.training.prompt_embedding import embed_prompts
 from leaf_plugins.training.rollout_assembly import assemble_rollout, audio_token_ids, response_lengths
@@ -219,6 +220,7 @@ def static_rollout(
     top_p: float = 0.9,
     surprisal_from: str = "sampling",
     group_ids: Sequence[int] | None = None,
+    seed: int | None = None,
     cuda_graph: bool = True,
     fold: bool | None = None,
     capture: Capture | None = None,
@@ -238,7 +240,9 @@ def static_rollout(
         captures) and of the decode loop.
     :raises TypeError: the model is not one the loop supports (``family.decoder_family``).
     """
-    arguments = (model, loaded, inputs, group_size, max_new_tokens, temperature, top_p, surprisal_from, group_ids)
+    seed = sampling_seed(seed)
+    arguments = (model, loaded, inputs, group_size, max_new_tokens, temperature, top_p, surprisal_from, group_ids,
+                 seed)
     if model in _failures:
         return generate_rollout(*arguments)
     family = decoder_family(model)
@@ -255,8 +259,8 @@ def static_rollout(
 
 def _sample(family: DecoderFamily, model: torch.nn.Module, loaded: LoadedBackbone, inputs: dict[str, torch.Tensor],
             group_size: int, max_new_tokens: int, temperature: float, top_p: float, surprisal_from: str,
-            group_ids: Sequence[int] | None, cuda_graph: bool, fold: bool | None, capture: Capture | None,
-            timer: PhaseTimer | None) -> Rollout:
+            group_ids: Sequence[int] | None, seed: int, cuda_graph: bool, fold: bool | None,
+            capture: Capture | None, timer: PhaseTimer | None) -> Rollout:
     tokenizer = loaded.tokenizer
     embeddings = inputs["inputs_embeds"] if "inputs_embeds" in inputs else embed_prompts(model, inputs)  # [P, L, H]
     device = embeddings.device
@@ -284,18 +288,19 @@ def _sample(family: DecoderFamily, model: torch.nn.Module, loaded: LoadedBackbon
         else:
             decoder = _new_decoder(family, model, weights, fold, device)
             decoder.prepare_positions(width + max_new_tokens, embeddings)
-        logits, keys, values = decoder.prefill(embeddings, mask)  # [P, V]
+        logits, cached_keys, values = decoder.prefill(embeddings, mask)  # [P, V]
         prompt_lengths = mask.sum(dim=1).repeat_interleave(group_size)  # [N]
+        keys = response_keys(seed, group_ids if group_ids is not None else range(prompts), group_size, device)  # [N]
         if captured is None:
-            buffers = KVBuffers.around(keys, values, mask, rows, slots)
-            state = DecodeState.start(prompt_lengths, max_new_tokens, tokenizer.pad_token_id)
+            buffers = KVBuffers.around(cached_keys, values, mask, rows, slots)
+            state = DecodeState.start(prompt_lengths, max_new_tokens, tokenizer.pad_token_id, keys)
             sampler = SamplingStep(temperature, top_p, banned, logits.shape[-1], tokenizer.eos_token_id,
                                    tokenizer.pad_token_id, device)
         else:
             buffers, state, sampler = captured.buffers, captured.state, captured.sampler
-            buffers.load(keys, values, mask)
-            state.restart(prompt_lengths, tokenizer.pad_token_id)
-        del keys, values
+            buffers.load(cached_keys, values, mask)
+            state.restart(prompt_lengths, tokenizer.pad_token_id, keys)
+        del cached_keys, values
         sampler(logits.repeat_interleave(group_size, dim=0), state)  # every row's first sample
         if timer is not None:
             timer.mark("prefill")

@@ -1,0 +1,112 @@
+"""One step on several processes: each process samples its share of the step's prompts,
+and every process then sees the whole step.
+
+* ``prompt_share``: process r samples a contiguous range of the step's prompts (the
+  first ``prompts % world`` processes one more), so the processes' rows, concatenated
+  in rank order, are the step's rows in the one-process order.
+* ``check_world``: a process with no prompt is refused before any model loads.
+* ``gather_rollout``: every process's rollout (tokens, lengths, group ids, the per-token
+  fields, the rewards, the texts) gathered onto every process, padded to the widest
+  share's width: the batch one process would have sampled. The estimator runs on it on
+  every process (an estimator that learns from the whole call, such as ``tree_otb``'s
+  fitted weight or ``normalize: batch``, sees the same call on 1 or N processes), the
+  metrics are the whole step's, and each process keeps its own rows for its loss.
+
+With one process nothing is communicated: ``gather_rollout`` returns its input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from leaf_plugins.core.batch import PAD_TOKEN, PER_TOKEN_FIELDS, RolloutBatch
+from leaf_plugins.core.errors import ConfigError
+from leaf_plugins.core.stages import Rollout
+
+__all__ = ["prompt_share", "check_world", "WholeStep", "gather_rollout"]
+
+
+def prompt_share(prompts: int, rank: int, world: int) -> range:
+    """The step positions of the prompts process ``rank`` of ``world`` samples: a
+    contiguous range, the first ``prompts % world`` ranges one longer."""
+    base, extra = divmod(prompts, world)
+    start = rank * base + min(rank, extra)
+    return range(start, start + base + (1 if rank < extra else 0))
+
+
+def check_world(prompts_per_step: int, world: int) -> None:
+    """Refuse a run in which some process would get no prompt.
+
+    :raises ConfigError: naming both numbers and what to change.
+    """
+    if prompts_per_step < world:
+        raise ConfigError(
+            f"rollout.prompts_per_step={prompts_per_step} is smaller than the {world} processes of this launch: "
+            f"{world - prompts_per_step} of them would have no prompt to sample. Set rollout.prompts_per_step to at "
+            f"least {world} (a multiple of {world} gives every process the same share), or launch at most "
+            f"{prompts_per_step} processes")
+
+
+@dataclass(frozen=True)
+class WholeStep:
+    """The step's rollout as one process would have it, and where each process's rows are."""
+
+    rollout: Rollout  # every process's responses in rank order; prompt_index counts the step's prompts
+    rewards: torch.Tensor  # [N] float32 (may hold the non-finite rewards the trainer then screens)
+    rows: list[range]  # the whole rollout's rows of each process
+
+    def own_rows(self, rank: int) -> range:
+        """The rows of process ``rank``."""
+        return self.rows[rank]
+
+
+def gather_rollout(rollout: Rollout, rewards: torch.Tensor, share: range, device: torch.device) -> WholeStep:
+    """Gather every process's rollout of the step (``share``: this process's prompt
+    positions) onto every process, over the default process group; ``device``: the one
+    the process group communicates on (CUDA for NCCL). Three collectives: the shapes,
+    one integer and one float tensor, plus the texts."""
+    batch = rollout.batch
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if world == 1:
+        return WholeStep(rollout, rewards, [range(batch.size)])
+    fields = [name for name in PER_TOKEN_FIELDS if getattr(batch, name) is not None]
+    shape = torch.tensor([batch.size, batch.width], dtype=torch.int64, device=device)
+    shapes = [torch.empty_like(shape) for _ in range(world)]
+    dist.all_gather(shapes, shape)
+    sizes = [(int(s[0]), int(s[1])) for s in shapes]
+    rows, width = max(n for n, _ in sizes), max(t for _, t in sizes)
+
+    integers = torch.full((rows, width + 3), PAD_TOKEN, dtype=torch.int64, device=device)  # tokens | length, id, prompt
+    integers[: batch.size, : batch.width] = batch.tokens.to(device)
+    integers[: batch.size, width] = batch.lengths.to(device)
+    integers[: batch.size, width + 1] = batch.group_ids.to(device)
+    integers[: batch.size, width + 2] = rollout.prompt_index.to(device) + share.start
+    floats = torch.zeros(rows, 1 + len(fields) * width, dtype=torch.float32, device=device)  # reward | fields
+    floats[: batch.size, 0] = rewards.to(device=device, dtype=torch.float32)
+    for number, name in enumerate(fields):
+        floats[: batch.size, 1 + number * width : 1 + number * width + batch.width] = getattr(batch, name).to(device)
+    gathered_integers = [torch.empty_like(integers) for _ in range(world)]
+    gathered_floats = [torch.empty_like(floats) for _ in range(world)]
+    dist.all_gather(gathered_integers, integers)
+    dist.all_gather(gathered_floats, floats)
+    texts: list[list[str]] = [[] for _ in range(world)]
+    dist.all_gather_object(texts, list(rollout.texts))
+
+    home = batch.tokens.device
+    integers = torch.cat([block[:n] for block, (n, _) in zip(gathered_integers, sizes)]).to(home)  # [N, width + 3]
+    floats = torch.cat([block[:n] for block, (n, _) in zip(gathered_floats, sizes)]).to(home)  # [N, 1 + F·width]
+    per_token = {name: floats[:, 1 + number * width : 1 + (number + 1) * width].contiguous()
+                 for number, name in enumerate(fields)}
+    whole = RolloutBatch(tokens=integers[:, :width].contiguous(), lengths=integers[:, width].contiguous(),
+                         group_ids=integers[:, width + 1].contiguous(), rewards=torch.zeros_like(floats[:, 0]),
+                         vocab_size=batch.vocab_size, **per_token)
+    starts = torch.tensor([0] + [n for n, _ in sizes]).cumsum(0).tolist()
+    return WholeStep(
+        Rollout(batch=whole, prompt_index=integers[:, width + 2].contiguous(),
+                texts=[text for share_texts in texts for text in share_texts]),
+        floats[:, 0].contiguous(),
+        [range(starts[r], starts[r + 1]) for r in range(world)],
+    )

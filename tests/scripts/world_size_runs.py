@@ -1,0 +1,58 @@
+"""Under ``torchrun`` / ``accelerate launch`` (or as one plain process): short runs of
+every built-in estimator, and a run whose poisoned groups are dropped, on 7 prompts a
+step (uneven shares on 2 and 3 processes) with LoRA dropout on; rank 0 saves each run's
+metrics, its rollout log and its first and final adapter, every rank its adapter's checksum.
+
+Usage: torchrun --nproc_per_node N world_size_runs.py OUTPUT_DIR [ESTIMATOR ...]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from leaf_plugins.training.config import EstimatorConfig, LoraSettings, OptimConfig, RolloutConfig, TrainConfig  # noqa: E402
+from leaf_plugins.training.lora import lora_state  # noqa: E402
+from leaf_plugins.training.trainer import Trainer  # noqa: E402
+from test_training_finite import poisoned_examples, poisoned_host  # noqa: E402
+
+ESTIMATORS = ("grpo", "leaf", "collision", "full_tree", "otb", "tree_rloo", "tree_otb")
+POISONED = {2, 8, 5}  # examples whose reward is NaN in the run "dropped": step 1 samples 2 and 8 at its last two
+# positions (the whole share of the third of 3 processes), step 2 samples 5 at its last
+
+
+def settings(output: Path, estimator: str, reward: str = "vowel_share") -> TrainConfig:
+    return TrainConfig(
+        output_dir=str(output), seed=3, steps=2, checkpoint_every=2, log_rollouts=True, reward=reward, threads=1,
+        estimator=EstimatorConfig(name=estimator),
+        rollout=RolloutConfig(group_size=4, prompts_per_step=7, max_new_tokens=8),
+        optim=OptimConfig(learning_rate=3e-2, micro_batch_prompts=1),
+        lora=LoraSettings(rank=8, alpha=16, dropout=0.1),  # dropout on: its masks must not depend on the shares
+    )
+
+
+def main(output: Path, estimators: list[str]) -> None:
+    runs = {name: settings(output / name, name) for name in estimators}
+    if "dropped" in estimators:
+        runs["dropped"] = dataclasses.replace(settings(output / "dropped", "leaf", "nan_on_poison"),
+                                              nonfinite_rewards="drop_group")
+    for name, config in runs.items():
+        trainer = Trainer(config, poisoned_examples(POISONED if name == "dropped" else set()), host=poisoned_host())
+        start = lora_state(trainer.policy)
+        trainer.run()
+        state = lora_state(trainer.policy)
+        rank = trainer.accelerator.process_index
+        checksum = sum(float(value.double().sum()) for value in state.values())
+        (output / name / f"checksum-{rank}.json").write_text(json.dumps(checksum))
+        if trainer.accelerator.is_main_process:
+            torch.save({"start": start, "end": state}, output / name / "adapter.pt")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2:] or [*ESTIMATORS, "dropped"])
