@@ -60,7 +60,9 @@ def test_installing_leaf_plugins_kept_every_version_verl_installed():
     assert after["transformers"] == before["transformers"], "installing leaf-plugins moved verl's transformers"
     changed = {name: (version, after.get(name)) for name, version in before.items() if after.get(name) != version}
     assert changed == {}, f"installing leaf-plugins changed verl's packages (before, after): {changed}"
-    assert "leaf-plugins" in run.stdout.lower()  # installed there (editable)
+    shown = subprocess.run([str(VERL_PYTHON), "-m", "pip", "--disable-pip-version-check", "show", "leaf-plugins"],
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0 and "Location: " in shown.stdout, shown.stderr  # installed there
 
 
 def test_pip_check_is_clean_in_the_verl_environment():
