@@ -28,7 +28,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.training.prompt_embedding import language_model_of
-from leaf_plugins.training.whole_step import prompt_share
+from leaf_plugins.training.whole_step import micro_batch_numbers, prompt_share
 
 if TYPE_CHECKING:
     from leaf_plugins.training.config import TrainConfig
@@ -75,7 +75,7 @@ def check_equal_passes(prompts_per_step: int, micro_batch_prompts: int, world: i
 
     :raises ConfigError: naming the counts and a ``prompts_per_step`` that works.
     """
-    counts = [len({position // micro_batch_prompts for position in prompt_share(prompts_per_step, rank, world)})
+    counts = [len(set(micro_batch_numbers(prompt_share(prompts_per_step, rank, world), micro_batch_prompts)))
               for rank in range(world)]
     if len(set(counts)) > 1:
         fitting = -(-prompts_per_step // (world * micro_batch_prompts)) * world * micro_batch_prompts

@@ -241,7 +241,7 @@ class Trainer:
             self.rollout_logger.step = step + 1
         result = self.engine.estimate(batch)
         estimated = time.perf_counter()
-        own = whole.own_rows(accelerator.process_index)
+        own = whole.rows[accelerator.process_index]
         advantages = torch.zeros(whole.rollout.batch.tokens.shape, dtype=result.advantages.dtype)  # [N, T] whole step
         advantages[kept_rows] = result.advantages.to(advantages.device)
         losses = self._gradients(context, rollout, advantages[own.start : own.stop, : rollout.batch.width],

@@ -21,6 +21,7 @@ from leaf_plugins.training.lora import reference_policy
 from leaf_plugins.training.prompt_embedding import embed_prompts
 from leaf_plugins.training.rollout import response_logprobs
 from leaf_plugins.training.sharding import gradients_accumulated_locally
+from leaf_plugins.training.whole_step import micro_batch_numbers
 
 __all__ = ["step_totals", "accumulate_gradients", "with_prompt_embeddings"]
 
@@ -64,8 +65,8 @@ def accumulate_gradients(trainer: Any, context: Any, rollout: Rollout, batch: Ro
     device = accelerator.device
     kept = torch.ones(batch.size, dtype=torch.bool) if kept is None else kept.cpu()
     totals = step_totals(batch.lengths[kept], accelerator)
-    first = getattr(context, "first_prompt", 0)
-    numbers = [(first + prompt) // config.optim.micro_batch_prompts for prompt in range(len(context.examples))]
+    first = context.first_prompt
+    numbers = micro_batch_numbers(range(first, first + len(context.examples)), config.optim.micro_batch_prompts)
     chunks = [[p for p, n in enumerate(numbers) if n == number] for number in dict.fromkeys(numbers)]
     step_chunks = (config.rollout.prompts_per_step - 1) // config.optim.micro_batch_prompts + 1
     if numbers and numbers[-1] >= step_chunks:

@@ -26,7 +26,7 @@ from leaf_plugins.core.batch import PAD_TOKEN, PER_TOKEN_FIELDS, RolloutBatch
 from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.core.stages import Rollout
 
-__all__ = ["prompt_share", "check_world", "WholeStep", "gather_rollout"]
+__all__ = ["prompt_share", "micro_batch_numbers", "check_world", "WholeStep", "gather_rollout"]
 
 
 def prompt_share(prompts: int, rank: int, world: int) -> range:
@@ -35,6 +35,14 @@ def prompt_share(prompts: int, rank: int, world: int) -> range:
     base, extra = divmod(prompts, world)
     start = rank * base + min(rank, extra)
     return range(start, start + base + (1 if rank < extra else 0))
+
+
+def micro_batch_numbers(share: range, micro_batch_prompts: int) -> list[int]:
+    """The micro-batch of each prompt of ``share`` (step positions): runs of
+    ``micro_batch_prompts`` consecutive prompts of the step, cut at the share's bounds,
+    so they are the same micro-batches on any number of processes wherever the bounds
+    fall on a multiple of ``micro_batch_prompts``."""
+    return [position // micro_batch_prompts for position in share]
 
 
 def check_world(prompts_per_step: int, world: int) -> None:
@@ -56,11 +64,7 @@ class WholeStep:
 
     rollout: Rollout  # every process's responses in rank order; prompt_index counts the step's prompts
     rewards: torch.Tensor  # [N] float32 (may hold the non-finite rewards the trainer then screens)
-    rows: list[range]  # the whole rollout's rows of each process
-
-    def own_rows(self, rank: int) -> range:
-        """The rows of process ``rank``."""
-        return self.rows[rank]
+    rows: list[range]  # the whole rollout's rows of each process (rank r's: rows[r])
 
 
 def gather_rollout(rollout: Rollout, rewards: torch.Tensor, share: range, device: torch.device) -> WholeStep:
