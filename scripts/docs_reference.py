@@ -64,7 +64,8 @@ def cli_page() -> str:
 
 # ---------------------------------------------------------------------- config schema
 def field_comments(cls: type) -> dict[str, str]:
-    """The ``# comment`` on the line of each field of the dataclass ``cls``."""
+    """The ``# comment`` on the line of each field of the dataclass ``cls``, with the
+    comment-only lines that continue it."""
     try:
         source = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError):  # defined where no source file is (exec, an interactive session)
@@ -79,7 +80,15 @@ def field_comments(cls: type) -> dict[str, str]:
             starts.setdefault(token.start[0], token.string)
         line_start = token.type in (tokenize.NEWLINE, tokenize.NL, tokenize.INDENT, tokenize.DEDENT)
     names = {field.name for field in dataclasses.fields(cls)}
-    return {name: comments[line] for line, name in starts.items() if name in names and line in comments}
+    found = {}
+    for line, name in starts.items():
+        if name in names and line in comments:
+            text, following = [comments[line]], line + 1
+            while following in comments and following not in starts:  # a comment continued on lines of its own
+                text.append(comments[following])
+                following += 1
+            found[name] = " ".join(text)
+    return found
 
 
 def _default(field: dataclasses.Field) -> str:

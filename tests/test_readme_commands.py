@@ -74,13 +74,20 @@ def as_leaf_command(argv: list[str]) -> list[str]:
 
 
 def leaf_train_and_study_commands() -> list[tuple[str, list[str]]]:
-    """``(where, argv)`` of every ``leaf train|study`` command in a bash block of the docs."""
+    """``(where, argv)`` of every ``leaf train|study`` command in a bash block of the docs,
+    except those that read a run directory an earlier command of the block writes (they
+    run in order: ``test_the_run_directory_block_runs_in_order``)."""
     found = []
     for document in DOCUMENTS:
         for number, block in enumerate(fenced(document.read_text(), "bash")):
+            written: list[str] = []
             for argv in map(as_leaf_command, commands(block)):
-                if argv[:2] in (["leaf", "train"], ["leaf", "study"]):
-                    found.append((f"{document.relative_to(REPO)}#{number}", argv))
+                if argv[:2] not in (["leaf", "train"], ["leaf", "study"]):
+                    continue
+                if any(argv[2] == run or argv[2].startswith(run + "/") for run in written):
+                    continue
+                found.append((f"{document.relative_to(REPO)}#{number}", argv))
+                written += [word.split("=", 1)[1] for word in argv if word.startswith("output_dir=")]
     return found
 
 
@@ -186,6 +193,20 @@ def test_the_trl_snippet_trains_on_cpu(checkout, monkeypatch):
     assert isinstance(trainer, LeafGRPOTrainer) and trainer.engine.name == "leaf"
     assert trainer.state.global_step == 3
     assert torch.isfinite(torch.tensor(trainer.state.log_history[-1]["train_loss"]))
+
+
+@pytest.mark.slow  # two short CLI runs (about 20 s)
+def test_the_run_directory_block_runs_in_order(checkout, shell):
+    """docs/training.md's block on a run's directory: the run (one step appended), its
+    config.yaml checked, and the same run trained on (to 2 steps, appended)."""
+    (block,) = [block for block in fenced((checkout / "docs" / "training.md").read_text(), "bash")
+                if "config.yaml --check" in block]
+    first, check, more = commands(block)
+    run([*first, "steps=1"], checkout, shell)
+    assert "config.yaml: OK" in run(check, checkout, shell).stdout
+    run([*more, "steps=2"], checkout, shell)
+    output = first[-1].split("=", 1)[1]
+    assert logged_steps(checkout / output) == [1, 2]
 
 
 @pytest.mark.parametrize("argv", [argv for _, argv in leaf_train_and_study_commands()],

@@ -1,6 +1,7 @@
 """A run on 1, 2 or 3 processes (gloo on the CPU; ``torchrun``, ``accelerate launch``,
 two rendezvous "nodes") trains what one process trains: the same rollouts, metrics and
-adapter, for every built-in estimator, with uneven shares and dropped groups."""
+adapter, for every built-in estimator, with uneven shares, dropped groups, and several
+clipped updates per rollout in mini-batches on a learning-rate schedule."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from leaf_plugins.training.whole_step import check_world, prompt_share
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 REPOSITORY = Path(__file__).resolve().parents[1]
 ESTIMATORS = ("grpo", "leaf", "collision", "full_tree", "otb", "tree_rloo", "tree_otb")
-RUNS = (*ESTIMATORS, "dropped")
+RUNS = (*ESTIMATORS, "dropped", "updates")
 ENVIRONMENT = {**os.environ, "OMP_NUM_THREADS": "1", "LEAF_PLUGINS_STRICT": "1"}
 
 RELATIVE = 1e-4
@@ -68,7 +69,7 @@ def assert_same_training(found: Path, expected: Path) -> None:
     assert [m["step"] for m in ours] == [m["step"] for m in theirs] and ours
     for mine, reference in zip(ours, theirs):
         assert mine["groups_dropped"] == reference["groups_dropped"]
-        for key in ("reward_mean", "advantage_abs_mean", "kl"):
+        for key in ("reward_mean", "advantage_abs_mean", "kl", "grad_norm", "learning_rate", "clip_fraction"):
             assert close(mine[key], reference[key]), (found, mine["step"], key, mine[key], reference[key])
         # the first step's loss is a sum of ± advantages times ratios of 1 that cancels in exact
         # arithmetic: its value is rounding (about 1e-8), so it is compared on the scale of its terms
@@ -102,7 +103,7 @@ def one_process(tmp_path_factory) -> Path:
     return output
 
 
-@pytest.mark.slow  # three launches of 8 short runs each (about 2 minutes on 2 cores)
+@pytest.mark.slow  # three launches of 9 short runs each (about 2 minutes on 2 cores)
 @pytest.mark.parametrize("launcher", ["accelerate-2", "torchrun-3"])
 def test_every_estimator_trains_the_same_on_several_processes(one_process, tmp_path, launcher):
     if launcher == "accelerate-2":  # the shipped DDP config (MULTI_GPU: without CUDA, gloo on the CPU)

@@ -23,7 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="evaluation", required=True, metavar="EVALUATION")
     generate = sub.add_parser("generate", help="sample N prediction runs from a run's checkpoint over a task split")
     generate.add_argument("config", type=Path, metavar="RUN.yaml", help="the run config (backbone, task, rollout.backend; a "
-                          "plugin it names in plugins: with a rollout hook samples)")
+                          "plugin it names in plugins: with a rollout hook samples), or a run directory: its "
+                          "config.yaml, and its newest checkpoint samples")
     generate.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="run-config overrides")
     generate.add_argument("--checkpoint", type=Path, metavar="RUN_DIR",
                           help="run directory whose newest checkpoint samples (default: the config's output_dir if "
@@ -150,12 +151,15 @@ def run_generate(args: argparse.Namespace) -> int:
     from leaf_plugins.evaluation.sampling import launch_rank, load_policy, run_to_sample, sample_predictions
     from leaf_plugins.core.plugins import get_host
     from leaf_plugins.training.config import load_train_config, task_examples
+    from leaf_plugins.training.run_config import check_same_backbone, run_config_path
     from leaf_plugins.training.stage_plugins import rollout_stage
 
-    config = load_train_config(args.config, args.overrides)
+    config = load_train_config(run_config_path(args.config), args.overrides)
     # under `accelerate launch` or torchrun: the process group the processes share the sampling over (gloo on CPU)
     PartialState(cpu=not torch.cuda.is_available())
     run_dir = run_to_sample(config.output_dir, args.checkpoint)
+    if run_dir is not None:
+        check_same_backbone(run_dir, config)
     examples = task_examples(config.task, args.split)[: args.limit]
     policy = load_policy(config.backbone, run_dir)
     runs = sample_predictions(policy, examples, args.runs, args.temperature, args.top_p, args.max_new_tokens,

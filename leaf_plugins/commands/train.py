@@ -22,22 +22,30 @@ plugins: a run uses the training-stage hooks (rollout, score_rollouts, compute_l
 of the plugins its config names, e.g. 'plugins=[length-penalty]', and of no other
 (leaf plugins --kind stage lists those installed; docs/plugins.md).
 
-A run resumes from the newest checkpoint in its output_dir (and says from which step):
-give a run with other settings its own output_dir."""
+A run resumes from the newest checkpoint in its output_dir (and says from which step).
+The run writes its resolved config to output_dir/config.yaml; resuming with settings that
+train something else is an error naming them (steps, output_dir, checkpoint_every,
+keep_checkpoints, log_rollouts and threads may change): give such a run its own output_dir.
+  leaf train runs/tiny-qwen2-audio-leaf/config.yaml steps=40   # the same run, 40 steps"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", type=Path, help="YAML run config (see docs/training.md)")
+    parser.add_argument("config", type=Path, help="YAML run config (see docs/training.md), or a run directory "
+                        "(its config.yaml: the resolved config the run wrote)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides, e.g. estimator.name=grpo")
     parser.add_argument("--check", action="store_true", help="only validate the config")
 
 
 def run(args: argparse.Namespace) -> int:
+    from leaf_plugins.core.plugins import get_host
     from leaf_plugins.training.config import load_train_config, task_examples
+    from leaf_plugins.training.run_config import check_resumed_config, run_config_path
 
-    config = load_train_config(args.config, args.overrides)
+    path = run_config_path(args.config)
+    config = load_train_config(path, args.overrides)
+    check_resumed_config(Path(config.output_dir), config, get_host())
     if args.check:
-        print(f"{args.config}: OK")
+        print(f"{path}: OK")
         return 0
     from leaf_plugins.training.trainer import Trainer
 

@@ -251,5 +251,6 @@ class LeafSpecs:
 
     @hookspec
     def on_step_end(self, step: int, metrics: dict[str, float]) -> None:
-        """Called after every optimizer step with the step's metrics (reward, loss, KL,
-        clip fraction, advantage statistics, timings). For logging; must not modify them."""
+        """Called after every training step (a rollout and its updates, logged) with the
+        step's metrics (reward, loss, KL, clip fraction, gradient norm, learning rate,
+        advantage statistics, timings). For logging; must not modify them."""

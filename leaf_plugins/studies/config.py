@@ -88,7 +88,8 @@ class EvaluationSettings:
     batch_prompts: int = 8  # examples per generate call
     seed: int = 0  # the same sampling seed for every run (common random numbers)
     metrics: list[str] = field(default_factory=lambda: ["bleu", "length"])
-    fork_budget: int = 2  # B of the forkability analysis of the training rollouts
+    fork_budget: int | None = None  # B of the forkability analysis of the training rollouts; unset: each run's
+    # own estimator.params.fork_budget (its config.yaml), else 2
     tau: float = 0.0  # reward-spread tolerance of a usable fire
     judges: JudgesSettings = field(default_factory=JudgesSettings)
 

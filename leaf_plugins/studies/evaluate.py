@@ -19,6 +19,7 @@ from leaf_plugins.tasks.base import Example
 from leaf_plugins.training.config import BackboneConfig
 from leaf_plugins.training.threads import apply_threads
 from leaf_plugins.training.stage_plugins import RolloutStage
+from leaf_plugins.training.run_config import run_setting
 from leaf_plugins.training.trainer import ROLLOUT_LOG
 
 __all__ = ["evaluate_model", "training_summary", "judge_runs", "task_kind", "PREDICTIONS", "EVALUATION", "BASELINE"]
@@ -26,6 +27,7 @@ __all__ = ["evaluate_model", "training_summary", "judge_runs", "task_kind", "PRE
 PREDICTIONS = prediction_file(0)  # the first decoding run's predictions
 EVALUATION = "evaluation.json"  # written last: its presence marks the run finished
 BASELINE = "baseline"  # the study subdirectory where starting models are evaluated
+DEFAULT_FORK_BUDGET = 2  # the paper's B, for a run whose config names none
 
 
 def evaluate_model(
@@ -69,14 +71,16 @@ def evaluate_model(
 
 def training_summary(run_dir: Path, settings: EvaluationSettings, tail: float = 0.1) -> dict[str, float]:
     """From the run's logs: mean training reward over the last ``tail`` of its steps, and
-    the fork-fire and usable fork-fire rates of LEAF boundaries in its rollouts."""
+    the fork-fire and usable fork-fire rates of LEAF boundaries in its rollouts (at the
+    settings' fork budget, else the run's own, from its ``config.yaml``)."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     last = rows[-max(1, round(len(rows) * tail)):]
     out = {"train_reward_last": sum(row["reward_mean"] for row in last) / len(last)}
     log = run_dir / ROLLOUT_LOG
     if log.exists():
         batches = (batch for batch, _ in batches_from_groups(read_groups(log), 256))
-        report = forkability_from_batches(batches, fork_budget=settings.fork_budget, tau=settings.tau,
+        fork_budget = settings.fork_budget or run_setting(run_dir, "estimator.params.fork_budget", DEFAULT_FORK_BUDGET)
+        report = forkability_from_batches(batches, fork_budget=fork_budget, tau=settings.tau,
                                           label=run_dir.name)
         summary = report.summary(resamples=200)
         out.update({"fire_rate": summary["fire_rate"], "usable_fire_rate": summary["r_f"]})

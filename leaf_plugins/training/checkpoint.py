@@ -6,8 +6,8 @@ A checkpoint ``checkpoint-<step>/`` holds:
 * ``adapter/``: the LoRA adapter in peft's format (``adapter_model.safetensors``,
   ``adapter_config.json``, as ``save_pretrained`` writes it), whole, written by the main
   process; evaluation and users load it with ``PeftModel.from_pretrained``;
-* ``state.pt``: the step, the process count, the sharding, and (unsharded runs) the
-  optimizer's state dict;
+* ``state.pt``: the step, the process count, the sharding, the learning-rate
+  schedule's state and (unsharded runs) the optimizer's state dict;
 * ``rng-rank<r>.pt``: the Python, NumPy and torch RNG states of process ``r``, one file
   per process;
 * ``sharded/`` (``sharding: fsdp2`` only): a ``torch.distributed.checkpoint`` of the
@@ -33,6 +33,7 @@ import torch
 
 from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.training.durable import fsync_directory, fsync_tree
+from leaf_plugins.training.optimization import inner_optimizer
 from leaf_plugins.training.sharding import is_sharded
 
 __all__ = ["KEEP_ALL", "keep_checkpoints_problem", "save_checkpoint", "latest_checkpoint", "load_checkpoint",
@@ -66,7 +67,7 @@ class _Processes:
 
 
 def save_checkpoint(directory: Path, step: int, model: Any, optimizer: torch.optim.Optimizer,
-                    accelerator: Any | None = None, keep: int | str = 1) -> Path:
+                    accelerator: Any | None = None, scheduler: Any | None = None, keep: int | str = 1) -> Path:
     """Write ``checkpoint-<step>`` atomically and keep the newest ``keep`` checkpoints
     (``KEEP_ALL``: all). Called by every process of the run at once (it synchronises
     them); ``model`` is the PeftModel, FSDP2-sharded or not. A step is written once: when
@@ -76,6 +77,7 @@ def save_checkpoint(directory: Path, step: int, model: Any, optimizer: torch.opt
 
     :param accelerator: the run's ``Accelerator`` (its process index and count, and the
         barrier); None: a single process.
+    :param scheduler: the run's learning-rate schedule (``optimization.build_schedule``).
     """
     processes = _Processes(accelerator)
     target = directory / f"checkpoint-{step:08d}"
@@ -93,7 +95,8 @@ def save_checkpoint(directory: Path, step: int, model: Any, optimizer: torch.opt
     elif processes.main:
         model.save_pretrained(partial / "adapter")
     if processes.main:
-        state = {"step": step, "world_size": processes.world, "sharding": "fsdp2" if sharded else "none"}
+        state = {"step": step, "world_size": processes.world, "sharding": "fsdp2" if sharded else "none",
+                 **({"scheduler": scheduler.state_dict()} if scheduler is not None else {})}
         torch.save(state if sharded else {**state, "optimizer": optimizer.state_dict()}, partial / "state.pt")
     torch.save(_rng_state(), partial / f"rng-rank{processes.rank}.pt")
     processes.barrier()  # every process's files are written
@@ -117,7 +120,7 @@ def _save_sharded(partial: Path, model: Any, optimizer: torch.optim.Optimizer, p
     if processes.main:
         model.save_pretrained(partial / "adapter", state_dict=whole)
     shards = {"model": get_model_state_dict(model, options=StateDictOptions(ignore_frozen_params=True)),
-              "optimizer": get_optimizer_state_dict(model, _inner(optimizer))}
+              "optimizer": get_optimizer_state_dict(model, inner_optimizer(optimizer))}
     dcp.save(shards, checkpoint_id=partial / "sharded")
 
 
@@ -146,11 +149,6 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _inner(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """The torch optimizer inside accelerate's ``AcceleratedOptimizer``."""
-    return getattr(optimizer, "optimizer", optimizer)
-
-
 def remove_partials(directory: Path) -> None:
     """Delete the ``.partial-*`` directories of checkpoint writes that a kill cut short."""
     for partial in directory.glob(".partial-*"):
@@ -163,9 +161,10 @@ def latest_checkpoint(directory: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def load_checkpoint(path: Path, model: Any, optimizer: torch.optim.Optimizer, accelerator: Any | None = None) -> int:
-    """Restore adapter weights, optimizer and this process's RNG states; return the step
-    reached. Called by every process at once. A sharded checkpoint is resumed sharded
+def load_checkpoint(path: Path, model: Any, optimizer: torch.optim.Optimizer, accelerator: Any | None = None,
+                    scheduler: Any | None = None) -> int:
+    """Restore adapter weights, optimizer, learning-rate schedule and this process's RNG
+    states; return the step reached. Called by every process at once. A sharded checkpoint is resumed sharded
     (each process reads its shards), an unsharded one unsharded.
 
     :raises ConfigError: when the checkpoint's sharding differs from the model's.
@@ -185,6 +184,8 @@ def load_checkpoint(path: Path, model: Any, optimizer: torch.optim.Optimizer, ac
 
         set_peft_model_state_dict(model, load_file(str(path / "adapter" / "adapter_model.safetensors")))
         optimizer.load_state_dict(state["optimizer"])
+    if scheduler is not None and "scheduler" in state:
+        scheduler.load_state_dict(state["scheduler"])
     own = path / f"rng-rank{processes.rank}.pt"
     if own.exists():  # absent: the run had fewer processes, this one starts from its seeded RNG
         _set_rng_state(torch.load(own, weights_only=False))
@@ -203,8 +204,8 @@ def _load_sharded(path: Path, model: Any, optimizer: torch.optim.Optimizer) -> N
 
     only_trained = StateDictOptions(ignore_frozen_params=True)
     shards = {"model": get_model_state_dict(model, options=only_trained),
-              "optimizer": get_optimizer_state_dict(model, _inner(optimizer))}
+              "optimizer": get_optimizer_state_dict(model, inner_optimizer(optimizer))}
     dcp.load(shards, checkpoint_id=path / "sharded")  # into the shards in place; a missing key is an error
     # not strict: the frozen base weights are not in the checkpoint (they come from the backbone)
     set_model_state_dict(model, shards["model"], options=StateDictOptions(ignore_frozen_params=True, strict=False))
-    set_optimizer_state_dict(model, _inner(optimizer), shards["optimizer"])
+    set_optimizer_state_dict(model, inner_optimizer(optimizer), shards["optimizer"])

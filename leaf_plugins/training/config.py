@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from leaf_plugins.core.config import build_collecting, format_errors, load_yaml, parse_overrides
+from leaf_plugins.core.config import build_collecting, format_errors, key_location, load_yaml, parse_overrides
 from leaf_plugins.core.errors import ConfigError, LeafError
 from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.training.aggregation import LOSS_AGGREGATIONS
@@ -14,6 +14,7 @@ from leaf_plugins.training.checkpoint import keep_checkpoints_problem
 from leaf_plugins.training.estimator_switch import announce_dropped, apply_layer, estimator_problems
 from leaf_plugins.training.finite import NONFINITE_REWARD_POLICIES
 from leaf_plugins.training.loss import OLD_LOGPROB_SOURCES
+from leaf_plugins.training.optimization import LR_SCHEDULES
 from leaf_plugins.training.ranges import RUN_RANGES
 from leaf_plugins.training.rollout import SURPRISAL_SOURCES
 from leaf_plugins.training.sharding import SHARDING_MODES
@@ -62,13 +63,24 @@ class RolloutConfig:
 
 @dataclass
 class OptimConfig:
-    learning_rate: float = 5e-6
+    learning_rate: float = 5e-6  # AdamW's learning rate, the peak after any warmup (the paper's 5e-6)
     micro_batch_prompts: int = 1  # prompts (each with its K responses) per forward/backward
-    clip_epsilon: float = 0.2
-    kl_coefficient: float = 0.02
+    clip_epsilon: float = 0.2  # ε of Eq. 1: the ratio is clipped to [1 - ε, 1 + ε] (0.2, as in GRPO and PPO)
+    kl_coefficient: float = 0.02  # β of Eq. 1, on the k3 estimate of KL(π_θ || π_ref) (the paper's 0.02)
     loss_aggregation: str = "token_mean"  # token_mean (paper Eq. 1), sequence_mean (GRPO), constant (Dr. GRPO)
     activation_checkpointing: bool = False  # recompute the language model's activations in the backward pass
-    old_logprobs: str = "rollout"  # π_old: the rollout's log π, or teacher_forced (the update's own pass, detached)
+    old_logprobs: str = "rollout"  # π_old: the rollout's log π, or teacher_forced (the policy's log π before the
+    # step's first update, from a teacher-forced pass)
+    updates_per_rollout: int = 1  # μ: passes over the step's rollout, π_old fixed; from the second on the ratio
+    # moves off 1 and the clip acts (TRL num_iterations, verl ppo_epochs). 1: the paper's one update per rollout
+    mini_batches: int = 1  # optimizer steps per pass, each on a share of the step's prompts (positions ≡ m mod
+    # mini_batches; verl ppo_mini_batch_size = prompts_per_step / mini_batches). 1: the paper's whole-step update
+    max_grad_norm: float | None = None  # clip the global gradient norm of each optimizer step to this; unset: no
+    # clipping, the paper's plain Adam step (TRL and verl clip at 1.0 by default)
+    lr_schedule: str = "constant"  # the learning rate over the run's steps after the warmup: constant (the
+    # paper's), linear or cosine decay towards 0 at step steps+1 (docs/training.md)
+    warmup_steps: int = 0  # steps of a linear warmup from 0 before the schedule (0: the paper's, none)
+    weight_decay: float = 0.0  # AdamW's decoupled weight decay on the adapter (0: Adam, the paper's optimizer)
 
 
 @dataclass
@@ -128,10 +140,24 @@ def load_train_config(path: Path, overrides: Iterable[str] = (), host: PluginHos
     errors += found + built
     errors += [f"{at}: {message}"
                for at, message in estimator_problems(data.get("estimator"), where, host, EstimatorConfig.name)]
+    if not errors:
+        errors += _mini_batch_problems(config, data, where)
     if errors:
         raise ConfigError(format_errors(where, errors))
     announce_dropped([dropped] if dropped else [])
     return config
+
+
+def _mini_batch_problems(config: TrainConfig, data: Any, where: str) -> list[str]:
+    """``optim.mini_batches`` larger than ``rollout.prompts_per_step`` (some mini-batch
+    would hold no prompt), named where it was given."""
+    mini_batches, prompts = config.optim.mini_batches, config.rollout.prompts_per_step
+    if mini_batches <= prompts:
+        return []
+    optim = data.get("optim")
+    at = key_location(optim, "mini_batches", where) if optim is not None and "mini_batches" in optim else where
+    return [f"{at}: optim.mini_batches: {mini_batches} mini-batches of rollout.prompts_per_step={prompts} prompts "
+            f"would leave some empty: at most {prompts}"]
 
 
 def train_validators(host: PluginHost, prefix: str = "") -> dict[str, Callable[[Any], str | None]]:
@@ -157,6 +183,7 @@ def train_validators(host: PluginHost, prefix: str = "") -> dict[str, Callable[[
         else f"must be one of {', '.join(LOSS_AGGREGATIONS)}",
         "optim.old_logprobs": lambda value: None if value in OLD_LOGPROB_SOURCES
         else f"must be one of {', '.join(OLD_LOGPROB_SOURCES)}",
+        "optim.lr_schedule": lambda value: None if value in LR_SCHEDULES else f"must be one of {', '.join(LR_SCHEDULES)}",
     }
     return {prefix + key: check for key, check in {**RUN_RANGES, **checks}.items()}
 

@@ -28,7 +28,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.training.prompt_embedding import language_model_of
-from leaf_plugins.training.whole_step import micro_batch_numbers, prompt_share
+from leaf_plugins.training.whole_step import micro_batch_numbers, mini_batch_positions, prompt_share
 
 if TYPE_CHECKING:
     from leaf_plugins.training.config import TrainConfig
@@ -58,7 +58,8 @@ def shard_policy(model: torch.nn.Module, accelerator: Accelerator, config: Train
         raise ConfigError(f"sharding: fsdp2 shards the model itself, but accelerate was launched with "
                           f"distributed_type {accelerator.distributed_type.value}, which would wrap it again: launch "
                           f"with torchrun or `accelerate launch --multi_gpu` instead of an FSDP/DeepSpeed config")
-    check_equal_passes(config.rollout.prompts_per_step, config.optim.micro_batch_prompts, accelerator.num_processes)
+    check_equal_passes(config.rollout.prompts_per_step, config.optim.micro_batch_prompts, accelerator.num_processes,
+                       config.optim.mini_batches)
     mesh = init_device_mesh(accelerator.device.type, (accelerator.num_processes,))
     for layer in language_model_of(model).layers:
         fully_shard(layer, mesh=mesh)
@@ -66,25 +67,32 @@ def shard_policy(model: torch.nn.Module, accelerator: Accelerator, config: Train
     return model
 
 
-def check_equal_passes(prompts_per_step: int, micro_batch_prompts: int, world: int) -> None:
-    """Refuse a sharded run whose processes would run different numbers of micro-batches.
-    Every forward pass of a sharded model all-gathers each layer's weights with the other
-    processes, so all of them must run the same passes. Micro-batches are runs of
-    ``micro_batch_prompts`` consecutive prompts of the step (``training/update.py``), cut
-    at the bounds of the processes' shares (``whole_step.prompt_share``).
+def check_equal_passes(prompts_per_step: int, micro_batch_prompts: int, world: int, mini_batches: int = 1) -> None:
+    """Refuse a sharded run whose processes would run different numbers of micro-batches
+    in some mini-batch. Every forward pass of a sharded model all-gathers each layer's
+    weights with the other processes, so all of them must run the same passes.
+    Micro-batches are runs of ``micro_batch_prompts`` prompts of a mini-batch
+    (``whole_step.micro_batch_numbers``), cut at the bounds of the processes' shares
+    (``whole_step.prompt_share``); a process with no prompt in a mini-batch runs one pass
+    of weight 0.
 
     :raises ConfigError: naming the counts and a ``prompts_per_step`` that works.
     """
-    counts = [len(set(micro_batch_numbers(prompt_share(prompts_per_step, rank, world), micro_batch_prompts)))
-              for rank in range(world)]
-    if len(set(counts)) > 1:
-        fitting = -(-prompts_per_step // (world * micro_batch_prompts)) * world * micro_batch_prompts
-        raise ConfigError(
-            f"sharding: fsdp2 needs every process to run the same number of micro-batches (each forward pass "
-            f"gathers the sharded weights from all processes), but rollout.prompts_per_step={prompts_per_step} over "
-            f"{world} processes with optim.micro_batch_prompts={micro_batch_prompts} gives them "
-            f"{', '.join(map(str, counts))}: set rollout.prompts_per_step to a multiple of processes × "
-            f"micro_batch_prompts (e.g. {fitting})")
+    for mini_batch in range(mini_batches):
+        counts = [max(len(set(micro_batch_numbers(
+            mini_batch_positions(prompt_share(prompts_per_step, rank, world), mini_batch, mini_batches),
+            micro_batch_prompts, mini_batches))), 1) for rank in range(world)]
+        if len(set(counts)) > 1:
+            unit = world * micro_batch_prompts * mini_batches
+            fitting = -(-prompts_per_step // unit) * unit
+            where = f" in mini-batch {mini_batch + 1} of {mini_batches}" if mini_batches > 1 else ""
+            raise ConfigError(
+                f"sharding: fsdp2 needs every process to run the same number of micro-batches (each forward pass "
+                f"gathers the sharded weights from all processes), but rollout.prompts_per_step={prompts_per_step} "
+                f"over {world} processes with optim.micro_batch_prompts={micro_batch_prompts} and "
+                f"optim.mini_batches={mini_batches} gives them {', '.join(map(str, counts))}{where}: set "
+                f"rollout.prompts_per_step to a multiple of processes × micro_batch_prompts × mini_batches "
+                f"(e.g. {fitting})")
 
 
 def is_sharded(model: torch.nn.Module) -> bool:

@@ -13,6 +13,7 @@ and save one on Ctrl-C or SIGTERM (unless the step is saved already) before stop
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib.util
 import json
 import time
@@ -37,16 +38,18 @@ from leaf_plugins.training.config import TrainConfig
 from leaf_plugins.training.checkpointing import enable_activation_checkpointing
 from leaf_plugins.training.durable import truncate_log
 from leaf_plugins.training.environment import record_environment
-from leaf_plugins.training.finite import bad_reward_prompts, check_update, scorer_name
+from leaf_plugins.training.finite import bad_reward_prompts, scorer_name
 from leaf_plugins.training.generation_weights import gathered_for_generation
 from leaf_plugins.training.lora import attach_lora
 from leaf_plugins.training.loss import policy_loss
+from leaf_plugins.training.optimization import build_optimizer, build_schedule, set_schedule_step
 from leaf_plugins.training.rollout import audio_token_ids, sample_responses
 from leaf_plugins.training.rollout_backend import resolve_backend
+from leaf_plugins.training.run_config import check_resumed_config, write_run_config
 from leaf_plugins.training.sharding import prepare_training, shard_policy
 from leaf_plugins.training.stage_plugins import record_plugins, register_stage_plugins, resolve_plugins
 from leaf_plugins.training.threads import apply_threads
-from leaf_plugins.training.update import accumulate_gradients, with_prompt_embeddings
+from leaf_plugins.training.update import update_policy, with_prompt_embeddings
 from leaf_plugins.training.whole_step import check_world, gather_rollout, prompt_share
 
 __all__ = ["StepContext", "DefaultStages", "Trainer", "ROLLOUT_LOG"]
@@ -123,6 +126,11 @@ class Trainer:
         self.backbone = host.backbones.get(config.backbone.name)
         reward = host.rewards.get(config.reward)
         check_world(config.rollout.prompts_per_step, self.accelerator.num_processes)  # before the model loads
+        check_resumed_config(self.output_dir, config, host)  # a resume trains what its checkpoint's run trained
+        self.host = host
+        if config.optim.mini_batches > config.rollout.prompts_per_step:
+            raise ConfigError(f"optim.mini_batches={config.optim.mini_batches} is more than the "
+                              f"rollout.prompts_per_step={config.rollout.prompts_per_step} prompts of a step")
         if self.accelerator.num_processes > 1:
             atexit.register(_destroy_process_group)
         torch.manual_seed(config.seed)
@@ -134,9 +142,12 @@ class Trainer:
             enable_activation_checkpointing(model)
         if config.sharding == "fsdp2":
             model = shard_policy(model, self.accelerator, config)  # FSDP2 per decoder layer, then the root
-        optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=config.optim.learning_rate)
+        optimizer = build_optimizer((p for p in model.parameters() if p.requires_grad), config.optim.learning_rate,
+                                    config.optim.weight_decay)
         self.model, self.optimizer = prepare_training(self.accelerator, model, optimizer)  # DDP unless sharded
-        self.completed = 0  # optimizer steps done (each one logged in metrics.jsonl)
+        self.scheduler = build_schedule(self.optimizer, config.steps, config.optim.lr_schedule,
+                                        config.optim.warmup_steps)
+        self.completed = 0  # training steps done (each one logged in metrics.jsonl)
         self.saved = 0  # the step of the newest checkpoint (0: none)
         self.audio_tokens = torch.tensor(audio_token_ids(self.loaded))  # [A] placeholder ids, not prompt text
         # the main process logs every group of every step (the estimator sees the whole step; 1-based step numbers)
@@ -180,6 +191,7 @@ class Trainer:
         if self.accelerator.is_main_process:
             record_environment(self.output_dir, threads_reason=self.threads.reason)
             record_plugins(self.output_dir, self.stage_plugins, start)
+            write_run_config(self.output_dir, self.config, self.host)
         if self.accelerator.is_main_process:
             self.accelerator.init_trackers("leaf", config=_flat(asdict(self.config)))
         done: list[dict[str, float]] = []
@@ -187,7 +199,7 @@ class Trainer:
                         disable=not self.accelerator.is_main_process)
         try:
             while self.completed < self.config.steps:
-                metrics = self.train_step(self.completed)  # steps the optimizer, logs the step
+                metrics = self.train_step(self.completed)  # updates the policy, logs the step
                 step = self.completed
                 done.append(metrics)
                 self.engine.manager.hook.on_step_end(step=step, metrics=metrics)
@@ -202,10 +214,11 @@ class Trainer:
         return done
 
     def train_step(self, step: int) -> dict[str, float]:
-        """One optimizer step on this step's prompts, logged in ``metrics.jsonl``;
-        ``self.completed`` becomes ``step + 1``. The optimizer step and its log line are
-        one unit for Ctrl-C and SIGTERM (held until both are done), so an interrupt never
-        finds weights that are a step ahead of the log.
+        """One training step on this step's prompts (a rollout, then its updates:
+        ``training/update.py``), logged in ``metrics.jsonl``; ``self.completed`` becomes
+        ``step + 1``. The optimizer steps and the log line are one unit for Ctrl-C and
+        SIGTERM (held from the first optimizer step until the line is written), so an
+        interrupt never finds weights that are ahead of the log.
 
         Each process samples and scores its share of the step's prompts; the rollouts are
         then gathered (``whole_step.py``), so every process screens the rewards, runs the
@@ -244,43 +257,39 @@ class Trainer:
         own = whole.rows[accelerator.process_index]
         advantages = torch.zeros(whole.rollout.batch.tokens.shape, dtype=result.advantages.dtype)  # [N, T] whole step
         advantages[kept_rows] = result.advantages.to(advantages.device)
-        losses = self._gradients(context, rollout, advantages[own.start : own.stop, : rollout.batch.width],
-                                 kept[own.start : own.stop])
-        rewards = batch.rewards
-        token_advantages = result.advantages[batch.mask]
-        metrics = {
-            "reward_mean": float(rewards.mean()),
-            "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
-            "response_tokens_mean": float(batch.lengths.float().mean()),
-            "advantage_mean": float(token_advantages.mean()) if token_advantages.numel() else 0.0,
-            "advantage_abs_mean": float(token_advantages.abs().mean()) if token_advantages.numel() else 0.0,
-            "groups_dropped": float(len(dropped)),
-            **losses,
-            "rollout_seconds": sampled - started,
-            "estimator_seconds": estimated - sampled,
-        }
-        with deferred_interrupts():
-            self.optimizer.step()
+        held = contextlib.ExitStack()  # interrupts are held from the first optimizer step until the step is logged
+        with held:
+            self.model.train()
+            updates = update_policy(self, context, rollout, rollout.batch,
+                                    advantages[own.start : own.stop, : rollout.batch.width], kept[own.start : own.stop],
+                                    whole.rollout.batch, whole.rollout.prompt_index, kept,
+                                    on_first_step=lambda: held.enter_context(deferred_interrupts()))
+            metrics = self._step_metrics(batch, result.advantages, dropped, updates)
+            metrics.update(rollout_seconds=sampled - started, estimator_seconds=estimated - sampled)
+            self.scheduler.step()
             self.completed += 1
             metrics["update_seconds"] = time.perf_counter() - estimated
             self._log(self.completed, metrics)
         self.model.eval()
         return metrics
 
+    @staticmethod
+    def _step_metrics(batch: Any, advantages: torch.Tensor, dropped: list[int], updates: dict[str, float]) -> dict:
+        """The logged metrics of a step: its rewards, lengths and advantages (the whole
+        step's kept rows) and its updates' (``update_policy``)."""
+        rewards = batch.rewards
+        token_advantages = advantages[batch.mask]
+        return {
+            "reward_mean": float(rewards.mean()),
+            "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+            "response_tokens_mean": float(batch.lengths.float().mean()),
+            "advantage_mean": float(token_advantages.mean()) if token_advantages.numel() else 0.0,
+            "advantage_abs_mean": float(token_advantages.abs().mean()) if token_advantages.numel() else 0.0,
+            "groups_dropped": float(len(dropped)),
+            **updates,
+        }
+
     # ------------------------------------------------------------------ pieces
-    def _gradients(self, context: StepContext, rollout: Rollout, advantages: torch.Tensor, kept: torch.Tensor) -> dict:
-        """The gradient of the step's loss over this process's rows (``training/update.py``),
-        checked finite; the optimizer steps in ``train_step``.
-
-        :param advantages: ``[n, T]`` the advantages of this process's rows.
-        :param kept: ``[n]`` bool, the rows whose group was not dropped.
-        """
-        self.model.train()
-        self.optimizer.zero_grad()
-        totals = accumulate_gradients(self, context, rollout, rollout.batch, advantages, kept)
-        check_update(self.policy, totals["loss"], self.completed + 1, self.output_dir)
-        return totals
-
     def _check_prompt_lengths(self, examples: list[Example], inputs: dict[str, torch.Tensor]) -> None:
         limit = self.config.rollout.max_prompt_tokens
         text = (inputs["attention_mask"].bool() & ~torch.isin(inputs["input_ids"].cpu(), self.audio_tokens).to(
@@ -304,7 +313,9 @@ class Trainer:
 
     def _resume(self) -> int:
         found = latest_checkpoint(self.output_dir)
-        step = 0 if found is None else load_checkpoint(found, self.policy, self.optimizer, self.accelerator)
+        step = 0 if found is None else load_checkpoint(found, self.policy, self.optimizer, self.accelerator,
+                                                      self.scheduler)
+        set_schedule_step(self.scheduler, step)
         self.completed = self.saved = step
         if found is not None and self.accelerator.is_main_process:
             left = f"{self.config.steps - step} to go" if step < self.config.steps else "nothing left to train"
@@ -318,7 +329,7 @@ class Trainer:
     def _save(self, step: int) -> None:
         """Checkpoint ``step``; an interrupt arriving meanwhile is held until it is on disk."""
         with deferred_interrupts():  # every process writes its part (RNG states, shards)
-            save_checkpoint(self.output_dir, step, self.policy, self.optimizer, self.accelerator,
+            save_checkpoint(self.output_dir, step, self.policy, self.optimizer, self.accelerator, self.scheduler,
                             keep=self.config.keep_checkpoints)
             self.saved = step
 

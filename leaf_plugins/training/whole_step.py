@@ -18,6 +18,7 @@ With one process nothing is communicated: ``gather_rollout`` returns its input.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 import torch
 import torch.distributed as dist
@@ -26,7 +27,7 @@ from leaf_plugins.core.batch import PAD_TOKEN, PER_TOKEN_FIELDS, RolloutBatch
 from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.core.stages import Rollout
 
-__all__ = ["prompt_share", "micro_batch_numbers", "check_world", "WholeStep", "gather_rollout"]
+__all__ = ["prompt_share", "micro_batch_numbers", "mini_batch_positions", "check_world", "WholeStep", "gather_rollout"]
 
 
 def prompt_share(prompts: int, rank: int, world: int) -> range:
@@ -37,12 +38,21 @@ def prompt_share(prompts: int, rank: int, world: int) -> range:
     return range(start, start + base + (1 if rank < extra else 0))
 
 
-def micro_batch_numbers(share: range, micro_batch_prompts: int) -> list[int]:
-    """The micro-batch of each prompt of ``share`` (step positions): runs of
-    ``micro_batch_prompts`` consecutive prompts of the step, cut at the share's bounds,
-    so they are the same micro-batches on any number of processes wherever the bounds
-    fall on a multiple of ``micro_batch_prompts``."""
-    return [position // micro_batch_prompts for position in share]
+def micro_batch_numbers(share: Iterable[int], micro_batch_prompts: int, mini_batches: int = 1) -> list[int]:
+    """The micro-batch of each prompt of ``share`` (step positions) within its mini-batch.
+
+    Mini-batch ``m`` of a pass holds the step's prompts at positions ``p ≡ m`` (mod
+    ``mini_batches``), so every process with at least ``mini_batches`` prompts has some
+    of each; its micro-batches are runs of ``micro_batch_prompts`` consecutive prompts of
+    the mini-batch, numbered ``(p // mini_batches) // micro_batch_prompts`` and cut at the
+    share's bounds. They are the same micro-batches on any number of processes wherever
+    the bounds fall on a multiple of ``micro_batch_prompts × mini_batches``."""
+    return [position // mini_batches // micro_batch_prompts for position in share]
+
+
+def mini_batch_positions(share: range, mini_batch: int, mini_batches: int) -> list[int]:
+    """The step positions of ``share`` that belong to mini-batch ``mini_batch``."""
+    return [position for position in share if position % mini_batches == mini_batch]
 
 
 def check_world(prompts_per_step: int, world: int) -> None:

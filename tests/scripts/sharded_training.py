@@ -2,7 +2,8 @@
 config.
 
 ``runs``: one after another in one process group, 4 steps unsharded (DDP), 4 steps with
-``sharding: fsdp2`` (checkpoints every 2 steps, all kept), the same sharded run stopped
+``sharding: fsdp2`` (checkpoints every 2 steps, all kept), 4 steps of two clipped passes
+of two mini-batches each (``UPDATES``) sharded and unsharded, the same sharded run stopped
 after step 2 and continued to step 4, and the run that ``killed`` left, continued to
 step 4. Each rank saves every run's metrics and its whole final adapter (sharded
 tensors gathered) to ``rank<r>.pt``.
@@ -15,6 +16,7 @@ Usage: python -m torch.distributed.run --nproc_per_node 2 sharded_training.py OU
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -35,12 +37,20 @@ def whole_adapter(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             for name, p in model.named_parameters() if p.requires_grad}
 
 
-def train(output: Path, sharding: str, steps: int, keep: int | str = 1) -> dict:
+UPDATES = dict(updates_per_rollout=2, mini_batches=2, max_grad_norm=0.5, lr_schedule="cosine", warmup_steps=1,
+               weight_decay=0.01)
+"""The optimizer settings of the run ``updates``: two clipped passes of two mini-batches."""
+
+
+def train(output: Path, sharding: str, steps: int, keep: int | str = 1, **optim) -> dict:
     settings = config(output, "leaf", steps=steps, checkpoint_every=2)
     settings.sharding, settings.keep_checkpoints = sharding, keep
+    settings.optim = dataclasses.replace(settings.optim, **optim)
     trainer = Trainer(settings, examples(), host=host())
+    start = whole_adapter(trainer.policy)
     metrics = trainer.run()
-    return {"metrics": metrics, "adapter": whole_adapter(trainer.policy), "world": trainer.accelerator.num_processes}
+    return {"metrics": metrics, "start": start, "adapter": whole_adapter(trainer.policy),
+            "world": trainer.accelerator.num_processes}
 
 
 def killed_in_checkpoint(output: Path) -> None:
@@ -63,6 +73,8 @@ def main(output: Path) -> None:
     results = {
         "ddp": train(output / "ddp", "none", 4),
         "sharded": train(output / "sharded", "fsdp2", 4, keep="all"),
+        "updates": train(output / "updates", "fsdp2", 4, **UPDATES),
+        "updates_ddp": train(output / "updates_ddp", "none", 4, **UPDATES),
     }
     train(output / "resumed", "fsdp2", 2)  # stops after step 2 (a checkpoint)
     results["resumed"] = train(output / "resumed", "fsdp2", 4)

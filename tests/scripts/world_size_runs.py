@@ -1,5 +1,6 @@
 """Under ``torchrun`` / ``accelerate launch`` (or as one plain process): short runs of
-every built-in estimator, and a run whose poisoned groups are dropped, on 7 prompts a
+every built-in estimator, a run whose poisoned groups are dropped, and a run of several
+clipped updates per rollout on a schedule ("updates"), on 7 prompts a
 step (uneven shares on 2 and 3 processes) with LoRA dropout on; rank 0 saves each run's
 metrics, its rollout log and its first and final adapter, every rank its adapter's checksum.
 
@@ -39,6 +40,11 @@ def settings(output: Path, estimator: str, reward: str = "vowel_share") -> Train
 
 def main(output: Path, estimators: list[str]) -> None:
     runs = {name: settings(output / name, name) for name in estimators}
+    if "updates" in estimators:  # two passes of two mini-batches, clipped, on a warmup and cosine schedule
+        runs["updates"] = settings(output / "updates", "leaf")
+        runs["updates"].optim = OptimConfig(learning_rate=3e-2, micro_batch_prompts=1, updates_per_rollout=2,
+                                            mini_batches=2, max_grad_norm=0.5, lr_schedule="cosine",
+                                            warmup_steps=1, weight_decay=0.01)
     if "dropped" in estimators:
         runs["dropped"] = dataclasses.replace(settings(output / "dropped", "leaf", "nan_on_poison"),
                                               nonfinite_rewards="drop_group")
@@ -55,4 +61,4 @@ def main(output: Path, estimators: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2:] or [*ESTIMATORS, "dropped"])
+    main(Path(sys.argv[1]), sys.argv[2:] or [*ESTIMATORS, "dropped", "updates"])
