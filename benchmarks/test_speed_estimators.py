@@ -7,6 +7,8 @@ registered one at its defaults, or those ``LEAF_BENCH_ESTIMATORS`` names, one
 ``NAME[:P=V[,P=V]]`` choice per line (``leaf bench speed --estimator ...``). ``LEAF_BENCH_DEVICE=cuda``
 (``leaf bench speed --device cuda``) times the estimators on that device, each call
 synchronised before the clock stops; the slow references always run on the CPU.
+``LEAF_BENCH_THREADS=N`` (``leaf bench speed --threads N``, default 1 there) sets torch's
+CPU thread count for every call; each result records the count it ran at.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from reference_otb import otb_groups
 CHOICES = estimator_choices(os.environ.get("LEAF_BENCH_ESTIMATORS", "").splitlines())
 ESTIMATORS = {choice.label: choice for choice in CHOICES}
 DEVICE = torch.device(os.environ.get("LEAF_BENCH_DEVICE", "cpu"))
+if os.environ.get("LEAF_BENCH_THREADS"):
+    torch.set_num_threads(int(os.environ["LEAF_BENCH_THREADS"]))
 _BATCHES: dict[str, lp.RolloutBatch] = {}
 
 
@@ -50,7 +54,8 @@ def test_estimator_speed(benchmark, estimator, size):
     batch = batch_of(size).to(DEVICE)
     engine = ESTIMATORS[estimator].engine()
     benchmark.group = size
-    benchmark.extra_info.update(estimator=estimator, size=size, tokens=int(batch.lengths.sum()), device=str(DEVICE))
+    benchmark.extra_info.update(estimator=estimator, size=size, tokens=int(batch.lengths.sum()), device=str(DEVICE),
+                                threads=torch.get_num_threads())
     result = benchmark(estimate_synchronised, engine, batch)
     assert result.advantages.shape == batch.tokens.shape
 
@@ -63,7 +68,8 @@ REFERENCE_CASES = [case for case in [("grpo", "paper-6x8x200"), ("leaf", "paper-
 @pytest.mark.parametrize("estimator, size", REFERENCE_CASES)
 def test_reference_speed(benchmark, estimator, size):
     benchmark.group = size
-    benchmark.extra_info.update(estimator=f"{estimator} (reference)", size=size, tokens=int(batch_of(size).lengths.sum()))
+    benchmark.extra_info.update(estimator=f"{estimator} (reference)", size=size, tokens=int(batch_of(size).lengths.sum()),
+                                threads=torch.get_num_threads())
     if estimator == "otb":
         run, args = otb_groups, (as_policy_groups(batch_of(size)),)
     else:

@@ -10,18 +10,21 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from leaf_plugins.core.batch import RolloutBatch
+    from leaf_plugins.core.batch import PER_TOKEN_FIELDS, RolloutBatch
+    from leaf_plugins.core.command import Command
     from leaf_plugins.core.engine import Engine, estimate
     from leaf_plugins.core.errors import ConfigError, LeafError, UnknownNameError
     from leaf_plugins.core.hookspecs import hookimpl
-    from leaf_plugins.core.parameters import NoParameters
+    from leaf_plugins.core.parameters import NoParameters, configured
     from leaf_plugins.core.plugins import get_host
-    from leaf_plugins.core.tree import Boundaries, EstimateResult, Node, Nodes
+    from leaf_plugins.core.tree import Boundaries, EstimateResult, Node, Nodes, root_only_nodes
 
 __version__ = "0.1.0"
 
 _HOMES = {
     "RolloutBatch": "leaf_plugins.core.batch",
+    "PER_TOKEN_FIELDS": "leaf_plugins.core.batch",
+    "Command": "leaf_plugins.core.command",
     "Engine": "leaf_plugins.core.engine",
     "estimate": "leaf_plugins.core.engine",
     "ConfigError": "leaf_plugins.core.errors",
@@ -29,15 +32,18 @@ _HOMES = {
     "UnknownNameError": "leaf_plugins.core.errors",
     "hookimpl": "leaf_plugins.core.hookspecs",
     "NoParameters": "leaf_plugins.core.parameters",
+    "configured": "leaf_plugins.core.parameters",
     "get_host": "leaf_plugins.core.plugins",
     "Boundaries": "leaf_plugins.core.tree",
     "EstimateResult": "leaf_plugins.core.tree",
     "Node": "leaf_plugins.core.tree",
     "Nodes": "leaf_plugins.core.tree",
+    "root_only_nodes": "leaf_plugins.core.tree",
 }
 
 __all__ = [
     "Boundaries",
+    "Command",
     "ConfigError",
     "Engine",
     "EstimateResult",
@@ -45,12 +51,15 @@ __all__ = [
     "NoParameters",
     "Node",
     "Nodes",
+    "PER_TOKEN_FIELDS",
     "RolloutBatch",
     "UnknownNameError",
     "__version__",
+    "configured",
     "estimate",
     "get_host",
     "hookimpl",
+    "root_only_nodes",
 ]
 
 

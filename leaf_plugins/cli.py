@@ -13,7 +13,9 @@ from typing import Iterator, Sequence
 
 from leaf_plugins.core.errors import ConfigNotice, LeafError, PluginLoadError
 from leaf_plugins.core.interrupts import exit_status, interrupt_received, interrupts_as_exceptions
-from leaf_plugins.core.plugins import STRICT_ENV, PluginHost, PluginWarning, discover_commands, training_stack_missing
+from leaf_plugins.core.plugins import (
+    BUILTIN_DISTRIBUTION, STRICT_ENV, PluginHost, PluginWarning, discover_commands, training_stack_missing,
+)
 from leaf_plugins.core.version import package_version
 
 __all__ = ["main", "script", "build_parser"]
@@ -21,7 +23,8 @@ __all__ = ["main", "script", "build_parser"]
 
 def build_parser(commands: PluginHost | None = None) -> argparse.ArgumentParser:
     """The argument parser with one sub-parser per registered command (a command's
-    optional ``epilog`` is shown below its options, as written). A command whose
+    optional ``epilog`` is shown below its options, as written; the one-line help of a
+    command that is not built in names the package it comes from). A command whose
     ``add_arguments`` raises is left out with a warning naming it (fatal with
     ``LEAF_PLUGINS_STRICT=1``); one that needs the uninstalled training stack stays listed and
     says what to install when run."""
@@ -31,12 +34,15 @@ def build_parser(commands: PluginHost | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for entry in commands.registries["command"]:
         try:  # its arguments go to a parser of its own first, so a failure leaves no half-built command
+            summary = entry.value.help
+            if entry.origin != BUILTIN_DISTRIBUTION:  # a package's command says which package
+                summary += f" (from {entry.origin})"
             own = argparse.ArgumentParser(prog=f"{parser.prog} {entry.name}", add_help=False)
             entry.value.add_arguments(own)
-            described = {"help": entry.value.help, "epilog": getattr(entry.value, "epilog", None)}
+            epilog = getattr(entry.value, "epilog", None)
         except Exception as error:  # a broken command plugin must not take the other commands down
             if training_stack_missing(error) is not None:
-                _add_unavailable(sub, entry.name, entry.value.help, training_stack_missing(error))
+                _add_unavailable(sub, entry.name, summary, training_stack_missing(error))
                 continue
             message = f"command {entry.name!r} of {entry.origin}: add_arguments raised {type(error).__name__}: {error}"
             if os.environ.get(STRICT_ENV, "") not in ("", "0"):
@@ -44,8 +50,8 @@ def build_parser(commands: PluginHost | None = None) -> argparse.ArgumentParser:
             warnings.warn(f"leaf-plugins: skipped {message} (set {STRICT_ENV}=1 to make this fatal)", PluginWarning,
                           stacklevel=2)
             continue
-        command = sub.add_parser(entry.name, parents=[own], help=described["help"], description=described["help"],
-                                 epilog=described["epilog"], formatter_class=argparse.RawDescriptionHelpFormatter)
+        command = sub.add_parser(entry.name, parents=[own], help=summary, description=summary, epilog=epilog,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
         command.set_defaults(run=entry.value.run)
     return parser
 

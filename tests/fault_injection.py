@@ -84,7 +84,7 @@ def _arm(point: str, n: int) -> None:
         return call
 
     if point == "sampling":
-        from leaf_plugins.training.decoding.sampling_step import SamplingStep
+        from leaf_plugins.rollout.decoding.sampling_step import SamplingStep
 
         _patch(SamplingStep, "__call__", before)  # rollout.backend static
         _patch(torch, "multinomial", before)  # rollout.backend generate

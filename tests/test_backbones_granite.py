@@ -14,7 +14,8 @@ from peft import LoraConfig, get_peft_model
 from leaf_plugins import get_host
 from leaf_plugins.backbones.granite_speech import TorchGraniteSpeechFeatureExtractor
 from leaf_plugins.training.lora import attach_lora, reference_policy
-from leaf_plugins.training.rollout import response_logprobs, sample_responses
+from leaf_plugins.rollout.sampling import sample_responses
+from leaf_plugins.training.teacher_forcing import response_logprobs
 
 
 def clip(seconds: float, seed: int = 0) -> np.ndarray:

@@ -8,7 +8,7 @@ import torch
 
 from leaf_plugins import get_host
 from leaf_plugins.backbones.qwen2_audio import QWEN_AUDIO_TEXT
-from leaf_plugins.training.prompt_embedding import language_model_of
+from leaf_plugins.rollout.prompt_embedding import language_model_of
 
 
 @pytest.fixture(scope="module")

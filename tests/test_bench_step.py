@@ -83,7 +83,7 @@ def test_the_rollout_statistics_row_is_what_the_rollout_holds(monkeypatch):
     """The accounting's "now" for the per-token statistics against the tensors the rollout's
     TokenStatistics processor really keeps, at a small shape (N = 6, T = 5, V = 50)."""
     from leaf_plugins.bench import step_accounting
-    from leaf_plugins.training.token_stats import TokenStatistics
+    from leaf_plugins.rollout.token_stats import TokenStatistics
 
     rows, new_tokens, vocab = 6, 5, 50
     monkeypatch.setattr(step_accounting, "PROMPTS", 3)

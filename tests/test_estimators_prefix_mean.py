@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import leaf_plugins as lp
 from leaf_plugins.core.errors import ConfigError
-from leaf_plugins.estimators.machinery.prefix_intervals import PathIntervals, shared_prefix_lengths
+from leaf_plugins.estimators.tree_otb.prefix_intervals import PathIntervals, shared_prefix_lengths
 
 
 def test_prefix_means_by_hand():

@@ -17,8 +17,8 @@ from leaf_plugins.bench.credit.environment import Environment, Regime
 from leaf_plugins.bench.credit.measures import gradient_bias
 from leaf_plugins.bench.credit.sampling import sample_groups
 from leaf_plugins.core.errors import ConfigError
-from leaf_plugins.estimators.machinery.mixing_weights import KernelTerms, kernel_terms, pooled_weight
-from leaf_plugins.estimators.machinery.prefix_intervals import shared_prefix_lengths
+from leaf_plugins.estimators.tree_otb.mixing_weights import KernelTerms, kernel_terms, pooled_weight
+from leaf_plugins.estimators.tree_otb.prefix_intervals import shared_prefix_lengths
 from leaf_plugins.estimators.machinery.prefixes import SortedPrefixes
 from reference_estimators import boundary_nodes, collision_boundaries, trie_nodes
 
@@ -387,7 +387,10 @@ def test_the_mixture_is_shift_invariant_where_otb_has_a_baseline(seed):
     batch, _ = batch_of(groups)
     base = lp.estimate(batch, "tree_otb", scale="none").advantages
     shifted = lp.estimate(batch.with_rewards(batch.rewards + 3.0), "tree_otb", scale="none").advantages
-    assert torch.allclose(shifted, base, atol=5e-5)
+    # the learnt weight is fitted on float32 rewards, whose shift by 3 rounds them by up to
+    # 2.4e-7; the fit amplifies that (the learnt-weights test says why): measured 1.7e-4 on
+    # a group of 2 responses (hypothesis seed 2827)
+    assert torch.allclose(shifted, base, atol=LEARNT_TOLERANCE)
 
 
 @settings(max_examples=10, deadline=None)

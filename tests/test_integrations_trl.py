@@ -150,20 +150,46 @@ def test_leaf_advantages_reaching_the_loss_equal_estimate(tmp_path) -> None:
         want = expected_advantages(record, lp.Engine("leaf", {"fork_budget": 2}))
         torch.testing.assert_close(advantages.double(), want.double(), atol=2e-5, rtol=1e-4)
         # the estimator's batch (generation order; the loss sees TRL's shuffle) holds each completion's log-probs
-        # and sum_pi_squared as a plain full-logits forward pass computes them
-        lengths = record["completion_mask"].sum(dim=1)
-        for i, length in enumerate(lengths.tolist()):
-            same = (batch.lengths == length) & (batch.tokens[:, :length] == record["completion_ids"][i, :length]).all(1)
-            assert any(
-                torch.allclose(batch.logprobs[j, :length].double(), record["logprobs"][i, :length], atol=2e-5)
-                and torch.allclose(batch.sum_pi_squared[j, :length].double(), record["sum_pi_squared"][i, :length],
-                                   atol=2e-5)
-                for j in same.nonzero().flatten().tolist()
-            ), f"completion {i}"
+        # as a plain full-logits forward pass computes them, and no sum_pi_squared: leaf does not read it
+        assert_scored_as_full_logits(batch, record, ("logprobs",))
+        assert batch.sum_pi_squared is None
     # tree credit, not a broadcast: some response gets different credit on different tokens
     assert any(
         bool(((r["advantages"] - r["advantages"][:, :1]).abs() * r["completion_mask"]).amax() > 1e-4) for r in seen
     )
+
+
+def assert_scored_as_full_logits(batch: lp.RolloutBatch, record: dict[str, torch.Tensor],
+                                 fields: tuple[str, ...]) -> None:
+    """Every recorded completion has a row of ``batch`` (same tokens) whose ``fields`` equal
+    what a plain full-logits forward pass gives."""
+    lengths = record["completion_mask"].sum(dim=1)
+    for i, length in enumerate(lengths.tolist()):
+        same = (batch.lengths == length) & (batch.tokens[:, :length] == record["completion_ids"][i, :length]).all(1)
+        assert any(
+            all(torch.allclose(getattr(batch, name)[j, :length].double(), record[name][i, :length], atol=2e-5)
+                for name in fields)
+            for j in same.nonzero().flatten().tolist()
+        ), f"completion {i}"
+
+
+def test_tree_otb_reads_sum_pi_squared_as_full_logits_give_it(tmp_path) -> None:
+    run = trainer(tmp_path, estimator="tree_otb", max_steps=1)
+    seen = record_losses(run)
+    observer = BatchObserver()
+    run.engine.manager.register(observer, name="observer:test")
+    run.train()
+    (record,), (batch,) = seen, observer.batches
+    assert_scored_as_full_logits(batch, record, ("logprobs", "sum_pi_squared"))
+    want = expected_advantages(record, lp.Engine("tree_otb"))
+    torch.testing.assert_close(record["advantages"].double(), want.double(), atol=2e-5, rtol=1e-4)
+
+
+def count_forward_calls(model: torch.nn.Module) -> list[int]:
+    """A one-element counter of ``model``'s forward calls (generation steps, scoring, loss)."""
+    calls = [0]
+    model.register_forward_pre_hook(lambda module, args: calls.__setitem__(0, calls[0] + 1))
+    return calls
 
 
 def test_grpo_through_the_adapter_reproduces_trl_grpo(tmp_path) -> None:
@@ -173,10 +199,17 @@ def test_grpo_through_the_adapter_reproduces_trl_grpo(tmp_path) -> None:
     # direction the CPU's kernels decide; SGD moves weights by lr × gradient, noise included
     ours = trainer(tmp_path / "leaf", estimator="grpo", estimator_params={"eps": 1e-4}, optim="sgd")  # TRL's eps
     ours_seen = record_losses(ours)
+    ours_calls = count_forward_calls(ours.model)
+    observer = BatchObserver()
+    ours.engine.manager.register(observer, name="observer:test")
     ours.train()
     theirs = trainer(tmp_path / "trl", trainer_class=trl.GRPOTrainer, config_class=trl.GRPOConfig, optim="sgd")
     theirs_seen = record_losses(theirs)
+    theirs_calls = count_forward_calls(theirs.model)
     theirs.train()
+    # grpo reads no optional per-token field: no scoring pass beyond TRL's own forward calls
+    assert ours_calls[0] == theirs_calls[0] > 0
+    assert all(b.surprisal is None and b.logprobs is None and b.sum_pi_squared is None for b in observer.batches)
     for mine, reference in zip(ours_seen, theirs_seen, strict=True):
         assert torch.equal(mine["completion_ids"], reference["completion_ids"])
         per_token = reference["advantages"].unsqueeze(1) * reference["completion_mask"]

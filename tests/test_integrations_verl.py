@@ -183,7 +183,10 @@ else:
         ours = lp.estimate(batch, "otb").advantages.double()
         torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-6)
 
-    def test_stage_overrides_and_sum_pi_squared_pass_through() -> None:
+    def _estimated_batch(name: str, stages: dict[str, str] | None,
+                         data: DataProto) -> tuple[lp.RolloutBatch, DataProto]:
+        """The batch verl's wrapped ``compute_advantage`` hands the engine of ``name`` (with
+        ``fork_budget`` 2 and the ``stages``), and the data it returns."""
         seen = []
 
         class Observer:
@@ -191,22 +194,36 @@ else:
             def on_estimate(self, batch, result):  # type: ignore[no-untyped-def]
                 seen.append(batch)
 
-        config = OmegaConf.create({"leaf_plugins": {"fork_budget": 2, "stages": {"select_boundaries": "collision"}}})
-        engine = leaf_verl._engine("leaf", leaf_verl._options(config))
-        assert engine.manager.has_plugin("stage:select_boundaries:collision")
+        config = OmegaConf.create({"leaf_plugins": {"fork_budget": 2, "stages": stages or {}}})
         original = leaf_verl._engine
         leaf_verl._engine = lambda name, options: lp.Engine(name, {"fork_budget": 2}, options.get("stages"),
                                                             observers=[Observer()])
         try:
-            data = ray_trainer.compute_advantage(dataproto(sum_pi_squared=True), "leaf", 1.0, 1.0, 1, True, config)
+            done = ray_trainer.compute_advantage(data, name, 1.0, 1.0, 1, True, config)
         finally:
             leaf_verl._engine = original
-        batch = seen[0]
+        return seen[0], done
+
+    def test_stage_overrides_and_sum_pi_squared_pass_through() -> None:
+        config = OmegaConf.create({"leaf_plugins": {"fork_budget": 2, "stages": {"select_boundaries": "collision"}}})
+        engine = leaf_verl._engine("tree_otb", leaf_verl._options(config))
+        assert engine.manager.has_plugin("stage:select_boundaries:collision")
+        batch, data = _estimated_batch("tree_otb", {"select_boundaries": "collision"}, dataproto(sum_pi_squared=True))
         source = dataproto(sum_pi_squared=True).batch
         torch.testing.assert_close(batch.sum_pi_squared, source["sum_pi_squared"][:, : batch.width])
-        torch.testing.assert_close(batch.surprisal, -source["old_log_probs"][:, : batch.width])
-        want = lp.estimate(batch, "leaf", {"select_boundaries": "collision"}, fork_budget=2).advantages
+        torch.testing.assert_close(batch.logprobs, source["old_log_probs"][:, : batch.width])
+        want = lp.estimate(batch, "tree_otb", {"select_boundaries": "collision"}, fork_budget=2).advantages
         torch.testing.assert_close(data.batch["advantages"][:, : batch.width], want)
+
+    def test_only_the_fields_the_estimator_requires_enter_its_batch() -> None:
+        batch, _ = _estimated_batch("leaf", None, dataproto(sum_pi_squared=True))  # leaf reads surprisal only
+        assert batch.sum_pi_squared is None
+        torch.testing.assert_close(batch.surprisal, -dataproto().batch["old_log_probs"][:, : batch.width])
+        bare, _ = _estimated_batch("leaf", {"select_boundaries": "collision"}, dataproto(sum_pi_squared=True))
+        assert bare.surprisal is None and bare.logprobs is None and bare.sum_pi_squared is None
+        with pytest.raises(ConfigError, match=r"estimator 'tree_otb' requires sum_pi_squared \(its compute_advantages "
+                                              r"reads it\).*calculate_sum_pi_squared=true"):
+            ray_trainer.compute_advantage(dataproto(), "tree_otb", 1.0, 1.0, 1, True, OmegaConf.create({}))
 
     def test_registry_call_without_response_tokens_explains_the_fix() -> None:
         data = dataproto()

@@ -9,7 +9,7 @@ import torch
 
 from leaf_plugins.training.aggregation import StepTotals, token_weights
 from leaf_plugins.training.lora import reference_policy
-from leaf_plugins.training.rollout import response_logprobs
+from leaf_plugins.training.teacher_forcing import response_logprobs
 from leaf_plugins.training.trainer import Trainer
 from training_cases import config, examples, fixed_step, host, step_gradient
 
@@ -106,7 +106,7 @@ def test_teacher_forced_old_logprobs_take_pi_old_from_the_update_pass(trainer):
 def test_activation_checkpointing_gives_the_same_gradient(tmp_path):
     """Also run in the floor environment (scripts/test_floor.sh): the transformers API
     that turns checkpointing on was renamed inside the supported range."""
-    from leaf_plugins.training.checkpointing import activation_checkpointing_enabled
+    from leaf_plugins.training.activation_checkpointing import activation_checkpointing_enabled
 
     run = config(tmp_path, "grpo", steps=1)
     run.rollout.prompts_per_step, run.rollout.group_size, run.rollout.max_new_tokens = PROMPTS, 4, 8

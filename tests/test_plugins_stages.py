@@ -169,7 +169,8 @@ def test_a_named_score_rollouts_plugin_changes_the_reward_and_an_unnamed_one_not
     assert metrics(tmp_path / "named")[0]["reward_mean"] == pytest.approx(sum(every) / len(every), abs=1e-6)
     record = json.loads((tmp_path / "named" / "plugins.json").read_text())
     assert record == [{"from_step": 0, "plugins": [{"name": "length-penalty", "distribution": "leaf-length-penalty",
-                                                    "version": "0.1.0", "hooks": ["score_rollouts"]}]}]
+                                                    "version": "0.1.0", "hooks": ["score_rollouts"],
+                                                    "params": {"penalty": PENALTY}}]}]
     assert json.loads((tmp_path / "plain" / "plugins.json").read_text()) == [{"from_step": 0, "plugins": []}]
 
 

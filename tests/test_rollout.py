@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from leaf_plugins import get_host
-from leaf_plugins.training.rollout import audio_token_ids, response_logprobs, sample_responses
+from leaf_plugins.rollout.sampling import audio_token_ids, sample_responses
+from leaf_plugins.training.teacher_forcing import response_logprobs
 
 PROMPTS = ["<|audio|> translate this", "Listen to <|audio|> and answer: who?", "<|audio|> what?"]
 

@@ -18,18 +18,18 @@ from test_rollout_static import VALUE_TOLERANCE, prompt_inputs, variant, with_ad
 from transformers import TopPLogitsWarper
 
 from leaf_plugins import ConfigError
-from leaf_plugins.training.decoding import sampling_step, static_rollout as static_module
-from leaf_plugins.training.decoding.cuda_graph import CHECK_TOLERANCE, cuda_capture, eager_capture
-from leaf_plugins.training.decoding.decode_state import DecodeState
-from leaf_plugins.training.decoding.family import unsupported_reason
-from leaf_plugins.training.decoding.keyed_draw import keyed_uniforms, response_keys
-from leaf_plugins.training.decoding.phase_timer import PhaseTimer
-from leaf_plugins.training.decoding.static_rollout import graph_failure, release_captures, static_rollout
+from leaf_plugins.rollout.decoding import sampling_step, static_rollout as static_module
+from leaf_plugins.rollout.decoding.cuda_graph import CHECK_TOLERANCE, cuda_capture, eager_capture
+from leaf_plugins.rollout.decoding.decode_state import DecodeState
+from leaf_plugins.rollout.decoding.family import unsupported_reason
+from leaf_plugins.rollout.decoding.keyed_draw import keyed_uniforms, response_keys
+from leaf_plugins.rollout.decoding.phase_timer import PhaseTimer
+from leaf_plugins.rollout.decoding.static_rollout import graph_failure, release_captures, static_rollout
 from leaf_plugins.training.lora import attach_lora
-from leaf_plugins.training.prompt_embedding import embed_prompts
-from leaf_plugins.training import rollout_backend
-from leaf_plugins.training.rollout import response_logprobs
-from leaf_plugins.training.rollout_backend import resolve_backend
+from leaf_plugins.rollout.prompt_embedding import embed_prompts
+from leaf_plugins.rollout import backends as rollout_backend
+from leaf_plugins.training.teacher_forcing import response_logprobs
+from leaf_plugins.rollout.backends import resolve_backend
 
 CUDA = torch.cuda.is_available()
 gpu = pytest.mark.gpu
@@ -205,7 +205,7 @@ def test_fsdp1_is_refused_with_a_clear_error():
 
 
 def test_gathered_for_generation_is_safe_to_enter_twice(monkeypatch):
-    from leaf_plugins.training import generation_weights
+    from leaf_plugins.rollout import generation_weights
 
     events = []
 

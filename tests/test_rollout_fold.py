@@ -20,13 +20,13 @@ import torch
 from test_rollout_capture import assert_same_rollout, rollout
 from test_rollout_static import prompt_inputs, variant, with_adapter
 
-from leaf_plugins.training.decoding import static_rollout as static_module
-from leaf_plugins.training.decoding.cuda_graph import eager_capture
-from leaf_plugins.training.decoding.family import decoder_family
-from leaf_plugins.training.decoding.lean_decoder import fold_bytes
-from leaf_plugins.training.decoding.projections import FoldedProjection, fused_linear
-from leaf_plugins.training.decoding.static_rollout import folds_by_default, release_captures
-from leaf_plugins.training.prompt_embedding import embed_prompts
+from leaf_plugins.rollout.decoding import static_rollout as static_module
+from leaf_plugins.rollout.decoding.cuda_graph import eager_capture
+from leaf_plugins.rollout.decoding.family import decoder_family
+from leaf_plugins.rollout.decoding.lean_decoder import fold_bytes
+from leaf_plugins.rollout.decoding.projections import FoldedProjection, fused_linear
+from leaf_plugins.rollout.decoding.static_rollout import folds_by_default, release_captures
+from leaf_plugins.rollout.prompt_embedding import embed_prompts
 
 BF16_UNIT_ROUNDOFF = 2.0 ** -8
 """bf16 keeps 8 significant bits: rounding to nearest moves a value by at most 2^-8 of it."""
@@ -143,7 +143,7 @@ def test_captured_step_over_folded_bf16_weights_equals_the_eager_one(name):
     attention scores rounds differently: within the self-check's tolerance. A capture
     reused after the adapter is updated in place refolds: it gives the fresh eager
     rollout of the updated weights."""
-    from leaf_plugins.training.decoding.cuda_graph import CHECK_TOLERANCE
+    from leaf_plugins.rollout.decoding.cuda_graph import CHECK_TOLERANCE
 
     loaded = variant(name)
     loaded.model.to(torch.bfloat16)

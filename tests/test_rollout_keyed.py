@@ -7,12 +7,12 @@ import pytest
 import torch
 from test_rollout_static import prompt_inputs, variant, with_adapter
 
-from leaf_plugins.training.decoding.decode_state import DecodeState
-from leaf_plugins.training.decoding.keyed_draw import draw, keyed_uniforms, mix64, response_keys
-from leaf_plugins.training.decoding.sampling_step import SamplingStep
-from leaf_plugins.training.prompt_embedding import embed_prompts
-from leaf_plugins.training.rollout import sample_responses
-from leaf_plugins.training.token_stats import TokenStatistics
+from leaf_plugins.rollout.decoding.decode_state import DecodeState
+from leaf_plugins.rollout.decoding.keyed_draw import draw, keyed_uniforms, mix64, response_keys
+from leaf_plugins.rollout.decoding.sampling_step import SamplingStep
+from leaf_plugins.rollout.prompt_embedding import embed_prompts
+from leaf_plugins.rollout.sampling import sample_responses
+from leaf_plugins.rollout.token_stats import TokenStatistics
 
 
 def test_mix64_is_splitmix64s_finaliser():

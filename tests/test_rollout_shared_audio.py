@@ -11,8 +11,9 @@ import torch
 
 from leaf_plugins import get_host
 from leaf_plugins.bench.step_reference import response_logprobs_full_vocabulary, sample_responses_k_copies
-from leaf_plugins.training.prompt_embedding import embed_prompts
-from leaf_plugins.training.rollout import response_logprobs, sample_responses
+from leaf_plugins.rollout.prompt_embedding import embed_prompts
+from leaf_plugins.rollout.sampling import sample_responses
+from leaf_plugins.training.teacher_forcing import response_logprobs
 
 GRADIENT_TOLERANCE = 1e-5
 """Of a float32 gradient tensor, relative to its largest element (see its use)."""

@@ -1,4 +1,4 @@
-"""The static rollout loop (``training/decoding/``) against the Hugging Face model it
+"""The static rollout loop (``rollout/decoding/``) against the Hugging Face model it
 reuses: teacher-forced logits, the rollout's statistics for the tokens it sampled, its
 sampling distribution (chi-square tests of stated power), the edge cases of the
 bookkeeping, and the backend switch. Float32, tiny backbones, LoRA attached and non-zero."""
@@ -16,13 +16,14 @@ from transformers import SuppressTokensLogitsProcessor, TemperatureLogitsWarper,
 
 from leaf_plugins import ConfigError, get_host
 from leaf_plugins.backbones.tiny import seeded_model
-from leaf_plugins.training.decoding.family import decoder_family, unsupported_reason
-from leaf_plugins.training.decoding.kv_buffers import KVBuffers
-from leaf_plugins.training.decoding.lean_decoder import LeanDecoder
+from leaf_plugins.rollout.decoding.family import decoder_family, unsupported_reason
+from leaf_plugins.rollout.decoding.kv_buffers import KVBuffers
+from leaf_plugins.rollout.decoding.lean_decoder import LeanDecoder
 from leaf_plugins.training.lora import attach_lora
-from leaf_plugins.training.prompt_embedding import embed_prompts
-from leaf_plugins.training.rollout import audio_token_ids, response_logprobs, sample_responses
-from leaf_plugins.training.rollout_backend import resolve_backend
+from leaf_plugins.rollout.prompt_embedding import embed_prompts
+from leaf_plugins.rollout.sampling import audio_token_ids, sample_responses
+from leaf_plugins.training.teacher_forcing import response_logprobs
+from leaf_plugins.rollout.backends import resolve_backend
 
 PROMPTS = ["<|audio|> translate this", "Listen to <|audio|> and answer: who?", "<|audio|> what?"]
 
@@ -390,7 +391,7 @@ def test_projections_are_the_peft_layers_bit_for_bit(setup):
     called as the module itself."""
     from peft.tuners.lora.layer import Linear as LoraLinear
 
-    from leaf_plugins.training.decoding.projections import is_plain_lora, projection
+    from leaf_plugins.rollout.decoding.projections import is_plain_lora, projection
 
     _, model, _ = setup
     layers = [module for module in model.modules() if isinstance(module, LoraLinear)]
@@ -420,7 +421,7 @@ def test_folded_projections_are_the_peft_layers_and_leave_them_untouched(setup):
     disabled nothing is folded, and the base layers concatenate to their own maps."""
     from peft.tuners.lora.layer import Linear as LoraLinear
 
-    from leaf_plugins.training.decoding.projections import fused_linear
+    from leaf_plugins.rollout.decoding.projections import fused_linear
 
     _, model, _ = setup
     attention = decoder_family(model).layers[0].self_attn

@@ -296,7 +296,7 @@ def test_held_out_predictions_are_sampled_by_the_runs_rollout_backend(tmp_path, 
     starting model's predictions are those of ``sample_predictions`` with the same backend
     and seed (the same as the static loop's: both draw the same keyed tokens)."""
     from leaf_plugins.evaluation.predictions import read_predictions
-    from leaf_plugins.training import rollout_backend
+    from leaf_plugins.rollout import backends as rollout_backend
     from leaf_plugins.evaluation.sampling import load_policy, sample_predictions
     from leaf_plugins.studies.evaluate import BASELINE, PREDICTIONS
     from leaf_plugins.training.config import task_examples

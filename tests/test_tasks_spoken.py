@@ -34,7 +34,6 @@ def test_splits_sizes_audio_and_prompts(built):
         assert 0.5 < example.duration < 6 and example.duration == pytest.approx(len(example.audio) / 16000)
         assert np.abs(example.audio).max() > 0.01  # speech, not silence
         assert "<|audio|>" in example.prompt and example.reference.endswith(".")
-    assert task.reward == "sentence_bleu"
 
 
 def test_building_is_deterministic_and_cached(built, tmp_path):

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from leaf_plugins.training.checkpointing import enable_activation_checkpointing
-from leaf_plugins.training.prompt_embedding import embed_prompts
+from leaf_plugins.training.activation_checkpointing import enable_activation_checkpointing
+from leaf_plugins.rollout.prompt_embedding import embed_prompts
 from leaf_plugins.training.teacher_forcing import response_logprobs, shares_prefix
 from test_rollout_static import prompt_inputs, variant, with_adapter
 

@@ -156,7 +156,7 @@ class RecordingRollout:
 
     @hookimpl
     def rollout(self, context):
-        from leaf_plugins.training.rollout import sample_responses
+        from leaf_plugins.rollout.sampling import sample_responses
 
         settings = context.config.rollout
         self.asked.append((context.step, len(context.examples), settings.group_size, settings.temperature,

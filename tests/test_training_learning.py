@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from leaf_plugins.training.rollout import sample_responses
+from leaf_plugins.rollout.sampling import sample_responses
 from leaf_plugins.training.trainer import Trainer
 from training_cases import config, examples, host, vowel_share
 

@@ -4,7 +4,6 @@ a rank mid-write leaves only complete checkpoints; ``keep_checkpoints`` keeps th
 
 from __future__ import annotations
 
-import dataclasses
 
 import json
 import os
@@ -20,7 +19,7 @@ from peft import LoraConfig, get_peft_model
 
 from leaf_plugins import ConfigError
 from leaf_plugins.training.checkpoint import load_checkpoint, save_checkpoint
-from leaf_plugins.training.config import TrainConfig, load_train_config
+from leaf_plugins.training.config import load_train_config
 from leaf_plugins.training.lora import load_lora, lora_state
 from leaf_plugins.training.sharding import check_equal_passes, shard_policy
 from leaf_plugins.training.trainer import Trainer
@@ -212,4 +211,4 @@ def test_a_sharded_run_needs_the_same_micro_batches_on_every_process():
 
 def test_sharding_a_single_process_run_is_refused_with_the_launch_command():
     with pytest.raises(ConfigError, match=r"this run has one: launch it with `torchrun --nproc_per_node N"):
-        shard_policy(torch.nn.Linear(2, 2), Accelerator(cpu=True), TrainConfig(sharding="fsdp2"))
+        shard_policy(torch.nn.Linear(2, 2), Accelerator(cpu=True), prompts_per_step=6, micro_batch_prompts=1)

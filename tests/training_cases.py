@@ -57,8 +57,8 @@ def fixed_step(trainer, prompts: list[Example], rank: int = 0, world: int = 1, s
     import torch
 
     from leaf_plugins.core.stages import Rollout, StepContext
-    from leaf_plugins.training.rollout import sample_responses
-    from leaf_plugins.training.update import with_prompt_embeddings
+    from leaf_plugins.rollout.sampling import sample_responses
+    from leaf_plugins.rollout.prompt_embedding import with_prompt_embeddings
 
     backbone, loaded, policy = trainer.backbone, trainer.loaded, trainer.policy
     inputs = with_prompt_embeddings(policy, backbone.build_inputs(loaded, [e.prompt for e in prompts],
@@ -91,7 +91,7 @@ def step_gradient(trainer, prompts: list[Example], rank: int = 0, world: int = 1
     context, rollout, batch, advantages = fixed_step(trainer, prompts, rank, world)
     trainer.model.train()
     trainer.optimizer.zero_grad()
-    accumulate_gradients(trainer, context, rollout, batch, advantages)
+    accumulate_gradients(trainer.learner, trainer.config, context, rollout, batch, advantages)
     grads = {name: p.grad.clone() for name, p in trainer.policy.named_parameters() if p.requires_grad}
     trainer.optimizer.zero_grad()
     trainer.model.eval()

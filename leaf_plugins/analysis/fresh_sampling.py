@@ -10,6 +10,7 @@ from typing import Iterator
 import torch
 
 from leaf_plugins.core.batch import RolloutBatch
+from leaf_plugins.core.parameters import configured
 from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.evaluation.sampling import load_policy, sample_groups
 from leaf_plugins.training.config import TrainConfig, task_examples
@@ -25,11 +26,12 @@ def sampled_batches(
     responses each) over the first ``limit`` examples of ``split``."""
     host = host or get_host()
     examples = task_examples(config.task, split, host)[:limit]
-    reward = host.rewards.get(config.reward)
+    reward = configured("reward", config.reward, host.rewards.get(config.reward), config.reward_params)
     policy = load_policy(config.backbone, run_dir, host)
     settings = config.rollout
     for rollout in sample_groups(policy, examples, settings.group_size, settings.temperature, settings.top_p,
                                  settings.max_new_tokens, settings.prompts_per_step, config.seed,
-                                 description="sampling rollouts"):
+                                 description="sampling rollouts", backend=settings.backend,
+                                 backend_params=settings.backend_params):
         references = [examples[int(i)].reference for i in rollout.batch.group_ids]
         yield rollout.batch.with_rewards(torch.tensor(reward(rollout.texts, references), dtype=torch.float32))

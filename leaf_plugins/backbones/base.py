@@ -1,56 +1,12 @@
-"""The backbone protocol: what a speech-LLM backbone plugin provides to the trainer."""
+"""The backbone protocol (defined in ``leaf_plugins.core.backbone``), where backbone
+plugins import it from, and what the built-in backbones share."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, Sequence, runtime_checkable
-
-if TYPE_CHECKING:
-    import numpy as np
-    import torch
+from leaf_plugins.core.backbone import AUDIO_PLACEHOLDER, Backbone, LoadedBackbone
 
 __all__ = ["Backbone", "LoadedBackbone", "AUDIO_PLACEHOLDER", "LANGUAGE_MODEL_LINEARS"]
-
-AUDIO_PLACEHOLDER = "<|audio|>"
-"""Backbone-neutral audio placeholder used in task prompts; each backbone rewrites it."""
 
 LANGUAGE_MODEL_LINEARS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
 """peft ``target_modules``: the language model's linear layers only. The audio encoders
 reuse some of these names (Qwen2-Audio's attention, Granite's conformer feed-forward)."""
-
-
-@dataclass
-class LoadedBackbone:
-    """A loaded model with everything needed to build its inputs."""
-
-    model: "torch.nn.Module"  # the transformers model (before LoRA is attached)
-    processor: Any  # the transformers processor (feature extractor + tokenizer)
-    tokenizer: Any  # the tokenizer (also reachable from the processor)
-    spec: "Backbone"
-
-
-@runtime_checkable
-class Backbone(Protocol):
-    """A registered backbone (``register_backbones``).
-
-    Attributes: ``hub_id`` (default checkpoint, or ``None`` for built-in tiny models),
-    ``lora_targets`` (peft ``target_modules``: names or a regex restricted to the
-    language model), ``dtype`` (default torch dtype name) and ``sampling_rate`` (16000).
-    """
-
-    hub_id: str | None
-    lora_targets: Any
-    dtype: str
-    sampling_rate: int
-
-    def load(self, path: str | None = None, dtype: str | None = None, seed: int = 0) -> LoadedBackbone:
-        """Load the model and processor from ``path`` (hub id or local directory;
-        default ``hub_id``). Built-in tiny backbones build random weights from ``seed``."""
-        ...
-
-    def build_inputs(
-        self, loaded: LoadedBackbone, prompts: Sequence[str], audios: Sequence["np.ndarray"]
-    ) -> dict[str, "torch.Tensor"]:
-        """Model inputs for a batch of prompts (with ``<|audio|>`` placeholders) and 16 kHz
-        float waveforms: chat template applied, placeholder rewritten, left padded."""
-        ...

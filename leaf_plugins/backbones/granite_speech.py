@@ -1,94 +1,25 @@
 """Granite Speech backbones: Granite Speech 3.3 2B / 8B, Granite-4.0-1B-Speech, and a
-tiny random-weight one; with a pure-torch audio front end (no torchaudio)."""
+tiny random-weight one; with a pure-torch audio front end (no torchaudio: ``granite_features``)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
-
-import numpy as np
-import torch
-from transformers import AutoTokenizer, BatchFeature, GraniteSpeechConfig, GraniteSpeechForConditionalGeneration
-from transformers.models.granite_speech.feature_extraction_granite_speech import GraniteSpeechFeatureExtractor
-from transformers.models.granite_speech.processing_granite_speech import GraniteSpeechProcessor
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from leaf_plugins.backbones.base import AUDIO_PLACEHOLDER, LANGUAGE_MODEL_LINEARS, LoadedBackbone
-from leaf_plugins.backbones.tiny import random_model_on, seeded_model
-from leaf_plugins.backbones.tokenizer import train_tokenizer
 from leaf_plugins.core.hookspecs import hookimpl
+
+if TYPE_CHECKING:  # imported where used: registering the backbones (`leaf plugins`) needs no model code
+    import numpy as np
+    import torch
+    from transformers.models.granite_speech.processing_granite_speech import GraniteSpeechProcessor
+
+    from leaf_plugins.backbones.granite_features import TorchGraniteSpeechFeatureExtractor, htk_mel_filters, log_mel
 
 __all__ = [
     "TorchGraniteSpeechFeatureExtractor", "GraniteSpeechBackbone", "htk_mel_filters", "log_mel", "merge_builtin_adapter",
     "tiny_granite_speech", "GRANITE_SPEECH_3_3_8B", "random_granite_speech_3_3_8b",
 ]
-
-
-def htk_mel_filters(n_freqs: int, n_mels: int, sample_rate: int) -> torch.Tensor:
-    """``[n_freqs, n_mels]`` triangular HTK-scale filters from 0 Hz to Nyquist, unnormalised
-    (torchaudio's ``melscale_fbanks`` with ``mel_scale="htk"``, ``norm=None``)."""
-    frequencies = torch.linspace(0, sample_rate // 2, n_freqs)
-    top = 2595.0 * math.log10(1.0 + (sample_rate / 2) / 700.0)
-    mel_points = torch.linspace(0.0, top, n_mels + 2)
-    hz_points = 700.0 * (10 ** (mel_points / 2595.0) - 1.0)
-    gaps = hz_points[1:] - hz_points[:-1]  # [n_mels + 1]
-    slopes = hz_points.unsqueeze(0) - frequencies.unsqueeze(1)  # [n_freqs, n_mels + 2]
-    falling = -slopes[:, :-2] / gaps[:-1]
-    rising = slopes[:, 2:] / gaps[1:]
-    return torch.clamp(torch.minimum(falling, rising), min=0.0)
-
-
-def log_mel(audio: torch.Tensor, n_fft: int, win_length: int, hop_length: int, filters: torch.Tensor) -> torch.Tensor:
-    """``[B, frames, n_mels]`` power-2 mel spectrogram of ``[B, S]`` audio (centred frames,
-    reflect padding, periodic Hann window), then Granite's log10 scaling: clipped at 1e-10,
-    floored 8 below each clip's maximum, divided by 4, plus 1."""
-    window = torch.hann_window(win_length, device=audio.device)
-    spectrum = torch.stft(audio.float(), n_fft, hop_length, win_length, window, center=True, pad_mode="reflect",
-                          normalized=False, onesided=True, return_complex=True)  # [B, F, frames]
-    mel = torch.matmul(spectrum.abs().pow(2).transpose(1, 2), filters.to(audio.device))  # [B, frames, n_mels]
-    logmel = mel.clamp(min=1e-10).log10()
-    top = logmel.amax(dim=(-2, -1), keepdim=True)
-    return torch.maximum(logmel, top - 8.0) / 4 + 1
-
-
-class TorchGraniteSpeechFeatureExtractor(GraniteSpeechFeatureExtractor):
-    """Granite's feature extractor with its mel spectrogram computed in plain torch, so
-    it works where torchaudio cannot be installed. Same parameters, same outputs."""
-
-    def __init__(self, sampling_rate: int = 16000, n_fft: int = 512, win_length: int = 400, hop_length: int = 160,
-                 n_mels: int = 80, projector_window_size: int = 15, projector_downsample_rate: int = 5,
-                 padding_value: float = 0.0, **kwargs: Any) -> None:
-        feature_size = n_mels if kwargs.get("feature_size") is None else kwargs.pop("feature_size")
-        # Granite's own __init__ builds torchaudio's mel filters: skip it and initialise its
-        # base, which is SequenceFeatureExtractor from transformers 5.11 and the plain
-        # FeatureExtractionMixin (keyword arguments become attributes) before
-        super(GraniteSpeechFeatureExtractor, self).__init__(feature_size=feature_size, sampling_rate=sampling_rate,
-                                                            padding_value=padding_value, **kwargs)
-        self.sampling_rate = sampling_rate
-        self.melspec_kwargs = {"sample_rate": sampling_rate, "n_fft": n_fft, "win_length": win_length,
-                               "hop_length": hop_length, "n_mels": n_mels}
-        self.mel_filters = htk_mel_filters(n_fft // 2 + 1, n_mels, sampling_rate)  # [F, n_mels]; not serialised
-        self.projector_window_size = projector_window_size
-        self.projector_downsample_rate = projector_downsample_rate
-
-    def __call__(self, audios: Any, device: str | None = "cpu") -> BatchFeature:
-        batched, lengths = self._get_audios_and_audio_lengths(audios)
-        sizes = self._get_num_audio_features(lengths)
-        return BatchFeature(data={
-            "input_features": self._extract_mel_spectrograms(batched, device=device),
-            "audio_embed_sizes": sizes,
-            "input_features_mask": torch.arange(max(sizes)).view(1, -1) < torch.tensor(sizes).view(-1, 1),
-        })
-
-    def _extract_mel_spectrograms(self, audio: torch.Tensor, device: str | None = "cpu") -> torch.Tensor:
-        """``[B, frames / 2, 2 * n_mels]``: log-mel frames, an odd last frame dropped, pairs stacked."""
-        kwargs = self.melspec_kwargs
-        with torch.no_grad():
-            logmel = log_mel(audio.to(device) if device else audio, kwargs["n_fft"], kwargs["win_length"],
-                             kwargs["hop_length"], self.mel_filters)
-            if logmel.shape[1] % 2 == 1:
-                logmel = logmel[:, :-1]
-            return logmel.reshape(audio.shape[0], -1, 2 * logmel.shape[-1])
 
 
 def merge_builtin_adapter(model: torch.nn.Module, source: str) -> None:
@@ -125,6 +56,12 @@ class GraniteSpeechBackbone:
         users actually run (``generate`` enables that LoRA only when audio is passed)."""
         if self.build_tiny is not None and path is None:
             return self.build_tiny(seed)
+        import torch
+        from transformers import AutoTokenizer, GraniteSpeechForConditionalGeneration
+        from transformers.models.granite_speech.processing_granite_speech import GraniteSpeechProcessor
+
+        from leaf_plugins.backbones.granite_features import TorchGraniteSpeechFeatureExtractor
+
         source = path or self.hub_id
         tokenizer = AutoTokenizer.from_pretrained(source)
         features = TorchGraniteSpeechFeatureExtractor.from_pretrained(source)
@@ -137,6 +74,9 @@ class GraniteSpeechBackbone:
     def build_inputs(self, loaded: LoadedBackbone, prompts: Sequence[str], audios: Sequence[np.ndarray]) -> dict:
         """Chat-templated prompts (``<|audio|>`` is Granite's own token, expanded by the
         processor to one per projector output), left padded, with the audio features."""
+        import numpy as np
+        import torch
+
         texts = [self.prompt_text(loaded, prompt) for prompt in prompts]
         loaded.tokenizer.padding_side = "left"
         batch = loaded.processor(text=texts, audio=[torch.from_numpy(np.asarray(a, dtype=np.float32)) for a in audios],
@@ -153,6 +93,11 @@ class GraniteSpeechBackbone:
 def _offline_processor(n_mels: int) -> GraniteSpeechProcessor:
     """An offline tokenizer (byte-level BPE with Granite's special tokens) and the pure-torch
     front end with ``n_mels`` mel bins (frames stacked in pairs: ``2 · n_mels`` features)."""
+    from transformers.models.granite_speech.processing_granite_speech import GraniteSpeechProcessor
+
+    from leaf_plugins.backbones.granite_features import TorchGraniteSpeechFeatureExtractor
+    from leaf_plugins.backbones.tokenizer import train_tokenizer
+
     tokenizer = train_tokenizer(["<|end_of_text|>", "<|im_start|>", "<|im_end|>", "<|audio|>"],
                                 eos_token="<|im_end|>", pad_token="<|end_of_text|>")
     tokenizer.audio_token = "<|audio|>"
@@ -165,6 +110,10 @@ def tiny_granite_speech(seed: int, vocab_size: int | None = None) -> LoadedBackb
     text model, 1-layer conformer, 1-layer Q-Former) with an offline tokenizer.
     ``vocab_size`` (default: the tokenizer's) pads the embeddings and the output head to a
     real model's vocabulary (49,160 for Granite Speech 3.3), for measuring memory."""
+    from transformers import GraniteSpeechConfig, GraniteSpeechForConditionalGeneration
+
+    from leaf_plugins.backbones.tiny import seeded_model
+
     n_mels = 16
     processor = _offline_processor(n_mels)
     tokenizer = processor.tokenizer
@@ -210,6 +159,10 @@ def random_granite_speech_3_3_8b(seed: int, device: str, dtype: torch.dtype) -> 
     """A random-weight Granite Speech 3.3 8B built directly on ``device`` in ``dtype`` with
     the offline tokenizer: for measuring a training step at the real size without a
     download. Its texts are meaningless; its tensors are real."""
+    from transformers import GraniteSpeechConfig, GraniteSpeechForConditionalGeneration
+
+    from leaf_plugins.backbones.tiny import random_model_on
+
     processor = _offline_processor(n_mels=80)
     config = GraniteSpeechConfig(**GRANITE_SPEECH_3_3_8B, has_lora_adapter=False,
                                  audio_token_index=processor.tokenizer.convert_tokens_to_ids("<|audio|>"))
@@ -227,3 +180,15 @@ def register_backbones(register) -> None:  # type: ignore[no-untyped-def]
     register("granite-speech-3.3-8b", GraniteSpeechBackbone(hub_id="ibm-granite/granite-speech-3.3-8b"))
     register("granite-4.0-1b-speech", GraniteSpeechBackbone(hub_id="ibm-granite/granite-4.0-1b-speech"))
     register("tiny-granite-speech", TINY)
+
+
+_FRONT_END = frozenset({"TorchGraniteSpeechFeatureExtractor", "htk_mel_filters", "log_mel"})
+
+
+def __getattr__(name: str) -> Any:
+    """The front end's names (``granite_features``), imported on first use (PEP 562)."""
+    if name not in _FRONT_END:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from leaf_plugins.backbones import granite_features
+
+    return getattr(granite_features, name)

@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
-
-import numpy as np
-import torch
-from transformers import (
-    AutoProcessor,
-    Qwen2AudioConfig,
-    Qwen2AudioForConditionalGeneration,
-    Qwen2AudioProcessor,
-    WhisperFeatureExtractor,
-)
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from leaf_plugins.backbones.base import AUDIO_PLACEHOLDER, LANGUAGE_MODEL_LINEARS, LoadedBackbone
-from leaf_plugins.backbones.tiny import random_model_on, seeded_model
-from leaf_plugins.backbones.tokenizer import train_tokenizer
 from leaf_plugins.core.hookspecs import hookimpl
+
+if TYPE_CHECKING:  # imported where used: registering the backbones (`leaf plugins`) needs no model code
+    import numpy as np
+    import torch
+    from transformers import Qwen2AudioProcessor
 
 __all__ = ["Qwen2AudioBackbone", "QWEN_AUDIO_TEXT", "QWEN2_AUDIO_7B_TEXT", "random_qwen2_audio_7b", "tiny_qwen2_audio"]
 
@@ -42,6 +35,9 @@ class Qwen2AudioBackbone:
         the tiny random-weight model from ``seed``."""
         if self.build_tiny is not None and path is None:
             return self.build_tiny(seed)
+        import torch
+        from transformers import AutoProcessor, Qwen2AudioForConditionalGeneration
+
         source = path or self.hub_id
         processor = AutoProcessor.from_pretrained(source)
         model = Qwen2AudioForConditionalGeneration.from_pretrained(source, dtype=getattr(torch, dtype or self.dtype))
@@ -73,6 +69,10 @@ class Qwen2AudioBackbone:
 def _offline_processor(clip_seconds: int, mel_bins: int) -> Qwen2AudioProcessor:
     """An offline tokenizer (byte-level BPE with Qwen2-Audio's special tokens) and a
     Whisper front end of ``mel_bins`` bins that pads clips to ``clip_seconds``."""
+    from transformers import Qwen2AudioProcessor, WhisperFeatureExtractor
+
+    from leaf_plugins.backbones.tokenizer import train_tokenizer
+
     tokenizer = train_tokenizer(
         ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>"],
         eos_token="<|im_end|>",
@@ -92,6 +92,10 @@ def tiny_qwen2_audio(seed: int, clip_seconds: int = 8, vocab_size: int | None = 
     offline tokenizer; clips up to ``clip_seconds`` (the Whisper front end pads to it).
     ``vocab_size`` (default: the tokenizer's) pads the embeddings and the output head to a
     real model's vocabulary (156,032 for Qwen2-Audio-7B), for measuring memory."""
+    from transformers import Qwen2AudioConfig, Qwen2AudioForConditionalGeneration
+
+    from leaf_plugins.backbones.tiny import seeded_model
+
     mel_bins = 16
     processor = _offline_processor(clip_seconds, mel_bins)
     tokenizer = processor.tokenizer
@@ -126,6 +130,10 @@ def random_qwen2_audio_7b(seed: int, device: str, dtype: torch.dtype) -> LoadedB
     """A random-weight Qwen2-Audio-7B (the published shapes, 8.4 B weights) built directly
     on ``device`` in ``dtype``, with the offline tokenizer: for measuring a training step at
     the real size without a download. Its texts are meaningless; its tensors are real."""
+    from transformers import Qwen2AudioConfig, Qwen2AudioForConditionalGeneration
+
+    from leaf_plugins.backbones.tiny import random_model_on
+
     processor = _offline_processor(clip_seconds=30, mel_bins=128)
     config = Qwen2AudioConfig(audio_config=dict(model_type="qwen2_audio_encoder"), text_config=QWEN2_AUDIO_7B_TEXT,
                               audio_token_index=processor.tokenizer.convert_tokens_to_ids("<|AUDIO|>"))

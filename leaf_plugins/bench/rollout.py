@@ -108,7 +108,7 @@ def decode_bytes(model: Any, prompts: int, rows: int, prompt_width: int, new_tok
     of the standard layout), ``kv_shared`` (the mean of what the shared-prefix layout
     reads over the written slots) and ``kv_shared_graph`` (over all slots, as the
     captured CUDA graph does)."""
-    from leaf_plugins.training.decoding.family import decoder_family
+    from leaf_plugins.rollout.decoding.family import decoder_family
 
     family = decoder_family(model)
     seen: dict[int, int] = {}
@@ -142,7 +142,7 @@ def _prepared(shape: RolloutShape, dtype: torch.dtype | None = None) -> tuple[An
     """The backbone, its model with a LoRA adapter attached as the trainer attaches it
     (in eval mode, as during a rollout) and the prompts' inputs with their embeddings."""
     from leaf_plugins.training.lora import attach_lora
-    from leaf_plugins.training.update import with_prompt_embeddings
+    from leaf_plugins.rollout.prompt_embedding import with_prompt_embeddings
 
     loaded = _load(shape, dtype)
     model = attach_lora(loaded, rank=shape.lora_rank, alpha=2 * shape.lora_rank, dropout=0.05).eval()
@@ -160,9 +160,9 @@ def measure_rollout(shape: RolloutShape) -> dict[str, Any]:
     phases; the floor's bytes and the measured bandwidth; then the bf16 mismatch of each
     backend (``measure_mismatch``) and, with ``shape.profile``, the decode step's profile."""
     from leaf_plugins.bench.step import run_in_process
-    from leaf_plugins.training.decoding.phase_timer import PhaseTimer
-    from leaf_plugins.training.decoding.static_rollout import graph_failure, static_folds, static_rollout
-    from leaf_plugins.training.rollout import sample_responses
+    from leaf_plugins.rollout.decoding.phase_timer import PhaseTimer
+    from leaf_plugins.rollout.decoding.static_rollout import graph_failure, static_folds, static_rollout
+    from leaf_plugins.rollout.sampling import sample_responses
 
     torch.manual_seed(0)
     loaded, model, inputs = _prepared(shape)
@@ -301,7 +301,7 @@ def profile_decode_step(model: Any, loaded: Any, inputs: dict[str, torch.Tensor]
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    from leaf_plugins.training.decoding.static_rollout import static_rollout
+    from leaf_plugins.rollout.decoding.static_rollout import static_rollout
 
     device = inputs["attention_mask"].device
     cuda = device.type == "cuda"
@@ -349,7 +349,7 @@ def peak_resident_memory(shape: RolloutShape, backend: str) -> int:
     """The largest resident set above the one before, over one rollout of ``backend``
     at ``shape`` (the model and inputs prepared first), sampled every millisecond."""
     from leaf_plugins.bench.step import MemorySampler
-    from leaf_plugins.training.rollout import sample_responses
+    from leaf_plugins.rollout.sampling import sample_responses
 
     loaded, model, inputs = _prepared(shape)
     with MemorySampler() as sampler:
@@ -366,7 +366,8 @@ def measure_mismatch(shape: RolloutShape, loaded: Any, model: Any, inputs: dict[
     of ``|log π_teacher-forced − log π_rollout|`` over the response tokens and the share
     of tokens whose ratio ``exp(Δ)`` leaves ``[1 − ε, 1 + ε]``. The adapter's B matrices
     are drawn first (std 0.02): attached fresh, the adapter is the identity."""
-    from leaf_plugins.training.rollout import response_logprobs, sample_responses
+    from leaf_plugins.rollout.sampling import sample_responses
+    from leaf_plugins.training.teacher_forcing import response_logprobs
 
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():

@@ -7,7 +7,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["SpeedRow", "read_speed_rows", "combine_runs", "speed_table", "ratio_spread", "plot_speed"]
+__all__ = ["SpeedRow", "read_speed_rows", "combine_runs", "speed_caption", "speed_table", "ratio_spread",
+           "plot_speed"]
 
 
 @dataclass(frozen=True)
@@ -17,6 +18,7 @@ class SpeedRow:
     median_ms: float
     min_ms: float
     tokens: int
+    threads: int | None = None  # torch's CPU threads during the calls (None: not recorded)
 
     @property
     def tokens_per_second(self) -> float:
@@ -30,7 +32,8 @@ def read_speed_rows(path: Path) -> list[SpeedRow]:
     for bench in data["benchmarks"]:
         info = bench["extra_info"]
         stats = bench["stats"]
-        rows.append(SpeedRow(info["size"], info["estimator"], stats["median"] * 1000, stats["min"] * 1000, info["tokens"]))
+        rows.append(SpeedRow(info["size"], info["estimator"], stats["median"] * 1000, stats["min"] * 1000,
+                             info["tokens"], info.get("threads")))
     return rows
 
 
@@ -43,7 +46,7 @@ def combine_runs(runs: list[list[SpeedRow]]) -> list[SpeedRow]:
             keyed.setdefault((row.size, row.estimator), []).append(row)
     return [
         SpeedRow(size, estimator, statistics.median(r.median_ms for r in found), min(r.min_ms for r in found),
-                 found[0].tokens)
+                 found[0].tokens, found[0].threads)
         for (size, estimator), found in keyed.items()
     ]
 
@@ -64,6 +67,16 @@ def ratio_spread(runs: list[list[SpeedRow]]) -> str:
                     ratios.append(f"{row.median_ms / grpo.median_ms:.1f}")
             lines.append(f"| {size} | {estimator} | {', '.join(ratios)} |")
     return "\n".join(lines)
+
+
+def speed_caption(rows: list[SpeedRow], device: str = "the CPU") -> str:
+    """The sentence above the speed table: where the estimators ran and at how many torch
+    CPU threads (every count the rows recorded, or that none was recorded)."""
+    counts = sorted({row.threads for row in rows if row.threads is not None})
+    if not counts:
+        return f"Estimators on {device}; thread count not recorded."
+    plural = "s" if counts != [1] else ""
+    return f"Estimators on {device} at {' and '.join(map(str, counts))} torch CPU thread{plural} (--threads)."
 
 
 def speed_table(rows: list[SpeedRow]) -> str:

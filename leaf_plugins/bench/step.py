@@ -157,7 +157,7 @@ def measure(shape: StepShape) -> dict[str, Any]:
     (resident set on the CPU, the CUDA allocator's on a GPU), the bytes before the step,
     and the step's overall peak; a step that runs out of device memory returns what it
     measured so far and ``out_of_memory``, the phase it failed in."""
-    from leaf_plugins.training.checkpointing import enable_activation_checkpointing
+    from leaf_plugins.training.activation_checkpointing import enable_activation_checkpointing
     from leaf_plugins.training.lora import attach_lora
 
     torch.manual_seed(0)
@@ -193,8 +193,9 @@ def _step(shape: StepShape, model: Any, loaded: Any, optimizer: torch.optim.Opti
     from leaf_plugins.training.aggregation import StepTotals, token_weights
     from leaf_plugins.training.lora import reference_policy
     from leaf_plugins.training.loss import policy_loss
-    from leaf_plugins.training.rollout import response_logprobs, sample_responses
-    from leaf_plugins.training.update import with_prompt_embeddings
+    from leaf_plugins.rollout.sampling import sample_responses
+    from leaf_plugins.training.teacher_forcing import response_logprobs
+    from leaf_plugins.rollout.prompt_embedding import with_prompt_embeddings
 
     reward = get_host().rewards.get("sentence_bleu")
     engine = Engine("leaf", {}, {})

@@ -22,9 +22,9 @@ from transformers import (LogitsProcessor, LogitsProcessorList, SuppressTokensLo
                           TopPLogitsWarper)
 
 from leaf_plugins.backbones.base import LoadedBackbone
-from leaf_plugins.training.decoding.keyed_draw import draw, response_keys
-from leaf_plugins.training.generate_rollout import sampling_seed
-from leaf_plugins.training.rollout import SURPRISAL_SOURCES, Rollout, assemble_rollout, audio_token_ids
+from leaf_plugins.rollout.decoding.keyed_draw import draw, response_keys
+from leaf_plugins.rollout.generate import sampling_seed
+from leaf_plugins.rollout.sampling import SURPRISAL_SOURCES, Rollout, assemble_rollout, audio_token_ids
 
 __all__ = ["sample_responses_k_copies", "response_logprobs_full_vocabulary"]
 

@@ -21,6 +21,7 @@ HELP = ("Run benchmarks: 'speed' times estimators (every registered one, or thos
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
 CHOICE_FORMAT = "NAME[:P=V[,P=V]]"
 ESTIMATORS_ENV = "LEAF_BENCH_ESTIMATORS"  # the speed suite's estimators: --estimator choices, one per line
+THREADS_ENV = "LEAF_BENCH_THREADS"  # the speed suite's torch intra-op thread count (--threads)
 
 ESTIMATOR_HELP = ("an estimator to measure, registered (third-party ones included), with parameters of its own "
                   "(e.g. --estimator grpo --estimator tree_otb:ridge=0.1,shrink=auto); repeatable; default: every "
@@ -37,18 +38,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     speed.add_argument("--device", default="cpu", metavar="DEVICE",
                        help="where the estimators run, e.g. cuda (each call synchronised; the slow references "
                             "stay on the CPU)")
+    speed.add_argument("--threads", type=int, default=1, metavar="N",
+                       help="torch's CPU threads for every timed call (default 1: one thread is not slowed by "
+                            "another process busy on a second core; the table states the count)")
     speed.add_argument("--estimator", action="append", metavar=CHOICE_FORMAT, dest="estimators",
                        help=ESTIMATOR_HELP)
     speed.set_defaults(bench=run_speed)
     credit = sub.add_parser("credit", help="credit quality against exact values and gradients (tabular task)")
     credit.add_argument("--out", type=Path, default=Path("results/credit"), help="directory for tables and plots")
     credit.add_argument("--quick", action="store_true",
-                        help="fewer groups, seeds and steps per regime (still about 20 min for all 23 regimes on 2 "
-                             "busy cores; add --regimes base for a one-regime run)")
+                        help="fewer groups, seeds and steps per regime (still about a minute a regime on 2 busy "
+                             "cores, for every regime of the sweep unless --regimes names some: --regimes base "
+                             "is a one-regime run)")
     credit.add_argument("--seeds", type=int, help="environments (seeds) per regime for the gradient measures")
     credit.add_argument("--learning-seeds", type=int, metavar="N",
                         help="learning curves per regime, estimator and protocol (default 10)")
-    credit.add_argument("--regimes", nargs="+", metavar="NAME", help="run only these regimes")
+    credit.add_argument("--regimes", nargs="+", metavar="NAME",
+                        help="run only these regimes (a name that is not one lists them all)")
     credit.add_argument("--held-out", action="store_true",
                         help="run the held-out regimes (settings tree_otb's rule was not chosen on) instead")
     credit.add_argument("--report-set", action="store_true",
@@ -103,18 +109,24 @@ def run(args: argparse.Namespace) -> int:
 
 def run_speed(args: argparse.Namespace) -> int:
     from leaf_plugins.bench.estimator_choice import estimator_choices
-    from leaf_plugins.bench.speed import combine_runs, plot_speed, ratio_spread, read_speed_rows, speed_table
+    from leaf_plugins.bench.speed import (combine_runs, plot_speed, ratio_spread, read_speed_rows, speed_caption,
+                                          speed_table)
 
     suite = SOURCE_ROOT / "benchmarks" / "test_speed_estimators.py"
     if not suite.exists():
         raise ConfigError(f"the benchmark suite is not here ({suite}): run 'leaf bench speed' from a source checkout")
     if args.repeats < 1:
         raise ConfigError(f"--repeats must be at least 1, got {args.repeats}")
+    if args.threads < 1:
+        raise ConfigError(f"--threads must be at least 1, got {args.threads}")
     choices = estimator_choices(args.estimators)  # checked here, so that a mistake is one line, not a failed suite
-    environment = os.environ | {"LEAF_BENCH_DEVICE": args.device}
+    threads = str(args.threads)  # the suite sets torch's count; OpenMP and MKL start with the same
+    environment = os.environ | {"LEAF_BENCH_DEVICE": args.device, THREADS_ENV: threads, "OMP_NUM_THREADS": threads,
+                                "MKL_NUM_THREADS": threads}
     if args.estimators:
         environment[ESTIMATORS_ENV] = "\n".join(args.estimators)
     print("estimators:", ", ".join(choice.label for choice in choices), flush=True)
+    print(f"threads: {args.threads} (torch's CPU threads in every timed call; --threads)", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     runs = []
     for run_number in range(1, args.repeats + 1):
@@ -129,12 +141,13 @@ def run_speed(args: argparse.Namespace) -> int:
             return done.returncode
         runs.append(read_speed_rows(report))
     rows = combine_runs(runs)
-    table = speed_table(rows)
     if args.device != "cpu":
         import torch
 
-        table = (f"Estimators on {torch.cuda.get_device_name(args.device)} (the references on the CPU).\n\n"
-                 + table)
+        device = f"{torch.cuda.get_device_name(args.device)} (the references on the CPU)"
+    else:
+        device = "the CPU"
+    table = speed_caption(rows, device) + "\n\n" + speed_table(rows)
     spread = ratio_spread(runs)
     (args.out / "speed.md").write_text(table + "\n\n" + spread + "\n")
     plot_speed(rows, args.out / "speed.png")

@@ -164,7 +164,7 @@ def run_generate(args: argparse.Namespace) -> int:
     policy = load_policy(config.backbone, run_dir)
     runs = sample_predictions(policy, examples, args.runs, args.temperature, args.top_p, args.max_new_tokens,
                               args.batch_prompts, args.seed, config.rollout.backend,
-                              rollout_stage(config, get_host()))
+                              rollout_stage(config, get_host()), config.rollout.backend_params)
     if launch_rank()[0] != 0:  # every process sampled its share; the first writes the whole evaluation
         return 0
     paths = write_predictions(args.out, examples, runs)

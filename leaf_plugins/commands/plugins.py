@@ -1,6 +1,6 @@
-"""``leaf plugins``: every registered estimator (with its parameters), backbone, task,
-reward and rollout backend, and the installed plugins with run-time hooks (which a run
-config enables in ``plugins:``)."""
+"""``leaf plugins``: every registered estimator, backbone, task, reward and rollout
+backend (each with its parameters), the installed plugins with run-time hooks (which a
+run config enables in ``plugins:``, with theirs), and the ``leaf`` commands."""
 
 from __future__ import annotations
 
@@ -8,31 +8,37 @@ import argparse
 import warnings
 
 from leaf_plugins.core.errors import LeafError
-from leaf_plugins.core.parameters import Parameter, parameter_list, parameters_class
-from leaf_plugins.core.plugins import KINDS, get_host
+from leaf_plugins.core.parameters import Parameter, declared_parameters, parameter_list, parameters_class
+from leaf_plugins.core.plugins import KINDS, discover_commands, get_host
 
 NAME = "plugins"
-HELP = ("List every estimator (with its parameters: type, default, help), backbone, task, reward and rollout "
-        "backend, and the stage plugins a run config can name in plugins:, with the package each comes from.")
+HELP = ("List every estimator, backbone, task, reward and rollout backend (with its parameters: type, default, "
+        "help), the stage plugins a run config can name in plugins: (with theirs) and the leaf commands, with the "
+        "package each comes from.")
 STAGE = "stage"  # the kind shown for plugins with run-time hooks
+COMMAND = "command"  # the kind shown for `leaf` sub-commands
+PARAMETERS_OF = {"reward": "reward_params", "rollout_backend": "rollout.backend_params", "task": "task.options"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--kind", choices=(*KINDS, STAGE), help="list only this kind")
+    parser.add_argument("--kind", choices=(*KINDS, STAGE, COMMAND), help="list only this kind")
 
 
 def run(args: argparse.Namespace) -> int:
-    host = get_host()
     rows = [("kind", "name", "from", "description")]
     details: dict[int, list[str]] = {}  # row index -> the lines printed below it
-    for kind in KINDS:
-        if args.kind and kind != args.kind:
-            continue
-        for entry in host.registries[kind]:
-            doc = (getattr(entry.value, "__doc__", None) or "").strip().splitlines()
-            rows.append((kind, entry.name, entry.origin, doc[0] if doc else ""))
-            if kind == "estimator":
-                details[len(rows) - 1] = _parameter_lines(entry.name, entry.value)
+    failures: list[tuple[str, str]] = []
+    if args.kind != COMMAND:
+        host = get_host()
+        failures += host.failures
+        for kind in KINDS:
+            if args.kind and kind != args.kind:
+                continue
+            for entry in host.registries[kind]:
+                rows.append((kind, entry.name, entry.origin, _first_line(entry.value)))
+                lines = _parameter_lines(kind, entry.name, entry.value)
+                if lines:
+                    details[len(rows) - 1] = lines
     if args.kind in (None, STAGE):
         from leaf_plugins.training.stage_plugins import run_hooks_of
 
@@ -41,19 +47,49 @@ def run(args: argparse.Namespace) -> int:
             if hooks:
                 rows.append((STAGE, loaded.name, loaded.distribution, f"hooks {', '.join(hooks)}; enable it with "
                              f"plugins: [{loaded.name}] in a run config"))
+                lines = _parameter_lines(STAGE, loaded.name, loaded.plugin)
+                if lines:
+                    details[len(rows) - 1] = lines
+    if args.kind in (None, COMMAND):
+        commands = discover_commands()
+        failures += [failure for failure in commands.failures if failure not in failures]
+        for entry in commands.registries["command"]:
+            rows.append((COMMAND, entry.name, entry.origin, str(getattr(entry.value, "help", "") or "")))
     widths = [max(len(row[col]) for row in rows) for col in range(3)]
     for index, row in enumerate(rows):
         print("  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths)) + "  " + row[3])
         for line in details.get(index, []):
             print("    " + line)
-    for name, message in host.failures:
+    for name, message in failures:
         print(f"\nskipped plugin {name!r}: {message}")
     return 0
 
 
-def _parameter_lines(name: str, estimator: object) -> list[str]:
-    """``name: type = default  help`` per parameter of an estimator (aligned), or why
-    its parameters cannot be read."""
+def _first_line(value: object) -> str:
+    doc = (getattr(value, "__doc__", None) or "").strip().splitlines()
+    return doc[0] if doc else ""
+
+
+def _parameter_lines(kind: str, name: str, value: object) -> list[str]:
+    """``name: type = default  help`` per parameter of an estimator (aligned), of any
+    other registered object or stage plugin that declares a ``parameters`` dataclass,
+    or of a task's declared load options; or why its parameters cannot be read."""
+    if kind == "estimator":
+        return _estimator_lines(name, value)
+    if kind == "backbone":
+        return []
+    try:
+        declared = declared_parameters(kind, name, value)
+        if declared is None:
+            return _task_option_lines(value) if kind == "task" else []
+        parameters = parameter_list(declared, name)
+    except LeafError as error:
+        return [f"parameters: error: {error}"]
+    where = PARAMETERS_OF.get(kind, f"plugins: [{{name: {name}, params: {{...}}}}]")
+    return [f"parameters ({where}):", *_aligned(parameters)] if parameters else []
+
+
+def _estimator_lines(name: str, estimator: object) -> list[str]:
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", DeprecationWarning)
@@ -63,6 +99,22 @@ def _parameter_lines(name: str, estimator: object) -> list[str]:
     notes = [f"parameters: {warning.message}" for warning in caught if issubclass(warning.category, DeprecationWarning)]
     if not parameters:
         return notes or ["(no parameters)"]
+    return notes + _aligned(parameters)
+
+
+def _aligned(parameters: list[Parameter]) -> list[str]:
     heads = [f"{p.name}: {p.type_text} = {p.default_text}" for p in parameters]
     width = max(map(len, heads))
-    return notes + [f"{head.ljust(width)}  {p.help}".rstrip() for head, p in zip(heads, parameters)]
+    return [f"{head.ljust(width)}  {p.help}".rstrip() for head, p in zip(heads, parameters)]
+
+
+def _task_option_lines(task: object) -> list[str]:
+    """The load options a built-in task declares (``tasks/options.py``), as parameters are shown."""
+    options = getattr(task, "options", None)
+    if not isinstance(options, tuple) or not options:
+        return []
+    heads = [f"{option.name}: {option.kind} = {'null' if option.default is None else repr(option.default)}"
+             for option in options]
+    width = max(map(len, heads))
+    return ["options (task.options):",
+            *[f"{head.ljust(width)}  {option.help}".rstrip() for head, option in zip(heads, options)]]

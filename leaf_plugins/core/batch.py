@@ -4,19 +4,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import torch
 
 from leaf_plugins.core.finite import check_finite
 
-__all__ = ["RolloutBatch", "GroupLayout", "PER_TOKEN_FIELDS"]
+__all__ = ["RolloutBatch", "GroupLayout", "PER_TOKEN_FIELDS", "RESERVED_NAMES"]
 
 PAD_TOKEN = -1
 """Token id stored at padding positions. Real token ids are non-negative."""
 
 PER_TOKEN_FIELDS = ("surprisal", "logprobs", "sum_pi_squared")
-"""The optional per-token float fields of a batch, ``[N, T]`` each, 0 on padding."""
+"""The optional per-token float fields of a batch, ``[N, T]`` each, 0 on padding. Other
+per-token fields travel in ``RolloutBatch.extra`` under names of their own."""
+
+RESERVED_NAMES = ("tokens", "lengths", "group_ids", "rewards", *PER_TOKEN_FIELDS, "vocab_size", "extra")
+"""Names an extra per-token field may not take: the batch's own fields."""
 
 Derived = TypeVar("Derived")
 
@@ -70,7 +74,12 @@ class RolloutBatch:
 
     Token positions ``t >= lengths[i]`` are padding: ``tokens`` holds ``-1`` there and
     ``surprisal``/``logprobs``/``sum_pi_squared`` hold 0. Responses of one prompt share a group id; groups
-    may differ in size. All tensors live on one device. ``vocab_size``, when the producer
+    may differ in size.
+
+    ``extra`` holds further per-token fields by name (``{"value": [N, T] float}``, 0 on
+    padding) that a rollout backend, a stage plugin or an adapter adds and an estimator
+    declares in its ``requires``; they are checked as the built-in fields are (shape,
+    floating dtype, finiteness) and carried by ``to``, ``select`` and ``with_rewards``. All tensors live on one device. ``vocab_size``, when the producer
     knows it, spares the estimators a scan for the largest token id.
 
     Rewards and the per-token fields must be finite: a NaN or an infinity raises
@@ -87,13 +96,16 @@ class RolloutBatch:
     logprobs: torch.Tensor | None = None  # [N, T] float32: log pi_old(a_t | x, y_<t)
     sum_pi_squared: torch.Tensor | None = None  # [N, T] float32: sum_v pi_old(v | x, y_<t)^2 (policy distribution)
     vocab_size: int | None = None  # optional bound: every token id is < vocab_size
+    extra: Mapping[str, torch.Tensor] = field(default_factory=dict)  # name -> [N, T] float, 0 on padding
     _layout: GroupLayout | None = field(default=None, repr=False, compare=False)
     _call_cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "extra", dict(self.extra))  # the batch's own copy
         self._check_shapes()
-        check_finite({name: getattr(self, name) for name in ("rewards", *PER_TOKEN_FIELDS)}, self.group_ids,
-                     "RolloutBatch")
+        fields = {name: getattr(self, name) for name in ("rewards", *PER_TOKEN_FIELDS)}
+        fields.update({f"extra[{name!r}]": value for name, value in self.extra.items()})
+        check_finite(fields, self.group_ids, "RolloutBatch")
         if self._layout is None:
             object.__setattr__(self, "_layout", _group_layout(self.group_ids))
 
@@ -109,6 +121,15 @@ class RolloutBatch:
             value = getattr(self, name)
             if value is not None and value.shape != (n, t):
                 raise ValueError(f"{name} must be [N, T]=[{n}, {t}], got {tuple(value.shape)}")
+        for name, value in self.extra.items():
+            if not isinstance(name, str) or not name.isidentifier() or name in RESERVED_NAMES:
+                raise ValueError(f"extra field names must be identifiers other than the batch's own fields "
+                                 f"({', '.join(RESERVED_NAMES)}), got {name!r}")
+            if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+                raise ValueError(f"extra[{name!r}] must be a floating-point tensor [N, T], got "
+                                 f"{getattr(value, 'dtype', type(value).__name__)}")
+            if value.shape != (n, t):
+                raise ValueError(f"extra[{name!r}] must be [N, T]=[{n}, {t}], got {tuple(value.shape)}")
         if n and (int(self.lengths.min()) < 0 or int(self.lengths.max()) > t):
             raise ValueError(f"lengths must lie in [0, T={t}]")
 
@@ -123,13 +144,15 @@ class RolloutBatch:
         logprobs: Sequence[Sequence[float]] | None = None,
         sum_pi_squared: Sequence[Sequence[float]] | None = None,
         device: torch.device | str | None = None,
+        extra: Mapping[str, Sequence[Sequence[float]]] | None = None,
     ) -> "RolloutBatch":
         """Build a batch from ragged Python lists (one list of token ids per response).
 
         ``surprisal``, ``logprobs`` and ``sum_pi_squared``, when given, must have one
         value per token. ``sum_pi_squared`` is Σ_v π(v | x, y_<t)² of the policy
         distribution the loss differentiates (verl's name; the variance-aware estimators
-        ``otb`` and ``tree_otb`` read it).
+        ``otb`` and ``tree_otb`` read it). ``extra`` maps the name of a further per-token
+        field to its values, one per token as well.
         """
         n = len(tokens)
         if not (len(rewards) == len(group_ids) == n):
@@ -154,6 +177,8 @@ class RolloutBatch:
             surprisal=_pad_floats(surprisal, lengths, width, "surprisal", device),
             logprobs=_pad_floats(logprobs, lengths, width, "logprobs", device),
             sum_pi_squared=_pad_floats(sum_pi_squared, lengths, width, "sum_pi_squared", device),
+            extra={name: _pad_floats(values, lengths, width, f"extra[{name!r}]", device)
+                   for name, values in (extra or {}).items()},
         )
 
     # ------------------------------------------------------------------ views
@@ -170,6 +195,13 @@ class RolloutBatch:
     @property
     def device(self) -> torch.device:
         return self.tokens.device
+
+    def token_field(self, name: str) -> torch.Tensor | None:
+        """The ``[N, T]`` per-token field ``name``: a built-in one of ``PER_TOKEN_FIELDS``
+        or one of ``extra``; None when the batch does not hold it."""
+        if name in PER_TOKEN_FIELDS:
+            return getattr(self, name)
+        return self.extra.get(name)
 
     @property
     def groups(self) -> GroupLayout:
@@ -219,6 +251,7 @@ class RolloutBatch:
             logprobs=move(self.logprobs),
             sum_pi_squared=move(self.sum_pi_squared),
             vocab_size=self.vocab_size,
+            extra={name: value.to(device) for name, value in self.extra.items()},
         )
 
     def with_rewards(self, rewards: torch.Tensor) -> "RolloutBatch":
@@ -240,6 +273,7 @@ class RolloutBatch:
             logprobs=take(self.logprobs),
             sum_pi_squared=take(self.sum_pi_squared),
             vocab_size=self.vocab_size,
+            extra={name: value[rows] for name, value in self.extra.items()},
         )
 
 

@@ -8,22 +8,56 @@ from typing import Any, Iterable, Mapping
 
 import pluggy
 
-from leaf_plugins.core.batch import RolloutBatch
+from leaf_plugins.core.batch import PER_TOKEN_FIELDS, RolloutBatch
 from leaf_plugins.core.errors import ConfigError, suggest
 from leaf_plugins.core.finite import check_finite
-from leaf_plugins.core.hookspecs import PROJECT, LeafSpecs
+from leaf_plugins.core.hookspecs import PROJECT, LeafSpecs, hookimpl
 from leaf_plugins.core.parameters import ParameterSchema
-from leaf_plugins.core.plugins import PluginHost, get_estimator_host
-from leaf_plugins.core.tree import EstimateResult
+from leaf_plugins.core.plugins import ESTIMATOR_STAGES, SPANS, PluginHost, estimator_problems, get_estimator_host
+from leaf_plugins.core.tree import Boundaries, EstimateResult, Nodes, root_only_nodes
 
-__all__ = ["Engine", "estimate", "parameter_schema", "STAGES"]
+__all__ = ["Engine", "estimate", "parameter_schema", "declared_requires", "STAGES", "DefaultStages"]
 
-STAGES = ("select_boundaries", "retain_nodes", "compute_advantages")
+STAGES = ESTIMATOR_STAGES
+
+
+class DefaultStages:
+    """The stages an estimator may leave out: no boundaries, and root-only nodes (each
+    group's mean reward, no retained node). Registered by the engine for a stage that
+    neither the estimator nor a borrowed stage implements."""
+
+    @hookimpl(trylast=True)
+    def select_boundaries(self, batch: RolloutBatch, params: Any) -> Boundaries:
+        return Boundaries.empty(batch.groups.count, batch.device)  # [G, 0]
+
+    @hookimpl(trylast=True)
+    def retain_nodes(self, batch: RolloutBatch, boundaries: Boundaries, params: Any) -> Nodes:
+        return root_only_nodes(batch)
+
+
+def declared_requires(estimator: object) -> dict[str, tuple[str, ...]] | None:
+    """The per-token fields each stage of ``estimator`` reads (stage -> field names), from
+    its ``requires``: a tuple applies to every stage, a mapping names them per stage (a
+    stage it leaves out reads none). None when the estimator does not declare it."""
+    requires = getattr(estimator, "requires", None)
+    if requires is None:
+        return None
+    if isinstance(requires, Mapping):
+        return {stage: tuple(requires.get(stage, ())) for stage in STAGES}
+    return {stage: tuple(requires) for stage in STAGES}
 
 
 class Engine:
     """A per-run plugin manager holding exactly one estimator, its stage overrides and
-    any observers. Build one per run and call ``estimate`` on every batch."""
+    any observers. Build one per run and call ``estimate`` on every batch.
+
+    ``requires`` is what the run's stages read of the batch's optional per-token fields
+    (a producer computes these and may skip the others; an estimator that does not declare
+    ``requires`` is given every built-in one, ``PER_TOKEN_FIELDS``); ``spans`` is
+    ``"call"`` when an involved estimator learns from the whole call, else ``"group"``;
+    ``required_by`` maps each field an estimator declared to the estimator and stage that
+    read it: ``estimate`` refuses a batch without one of them.
+    """
 
     def __init__(
         self,
@@ -36,6 +70,9 @@ class Engine:
         host = host or get_estimator_host()
         self.name = estimator
         main = host.estimators.get(estimator)
+        problems = estimator_problems(main)
+        if problems:
+            raise ConfigError(f"estimator {estimator!r} cannot run: {'; '.join(problems)}")
         borrowed = _borrowed_stages(stages, host)
         schema = ParameterSchema.of(host.estimators, estimator, borrowed.values())
         instances = schema.build(dict(params or {}))
@@ -46,6 +83,13 @@ class Engine:
         for stage, source in borrowed.items():
             override = _stage_override(stage, host.estimators.get(source), instances[source])
             self.manager.register(override, name=f"stage:{stage}:{source}")
+        runs = {stage: (borrowed[stage], host.estimators.get(borrowed[stage])) if stage in borrowed
+                else (estimator, main) if hasattr(main, stage) else None for stage in STAGES}  # who runs each stage
+        if any(provider is None for provider in runs.values()):
+            self.manager.register(DefaultStages(), name="defaults")
+        self.required_by, self.requires = _requirements(runs)  # field -> (estimator, stage) that declared it
+        self.spans = _spans({estimator: main, **{source: host.estimators.get(source) for source in borrowed.values()}},
+                            instances)
         for index, observer in enumerate(observers):
             self.manager.register(observer, name=f"observer:{index}:{type(observer).__name__}")
         self.manager.check_pending()
@@ -54,6 +98,7 @@ class Engine:
         """Boundaries, nodes and advantages of ``batch`` through the estimator's stages.
         The advantages are always finite: an estimator whose arithmetic overflows raises
         ``NonFiniteError`` naming the response, never returns a NaN."""
+        self._check_fields(batch)
         hook = self.manager.hook
         try:
             boundaries = hook.select_boundaries(batch=batch, params=self.params)
@@ -72,7 +117,65 @@ class Engine:
 
     def _require(self, value: object, stage: str) -> None:
         if value is None:
-            raise ConfigError(f"estimator {self.name!r} has no implementation of stage {stage!r}")
+            raise ConfigError(f"estimator {self.name!r}: every implementation of stage {stage!r} returned None")
+
+    def _check_fields(self, batch: RolloutBatch) -> None:
+        """Raise a ConfigError naming the declared per-token fields the batch lacks, the
+        estimator and the stage that read them, and how to pass them."""
+        missing = [name for name in self.required_by if batch.token_field(name) is None]
+        if not missing:
+            return
+        source, stage = self.required_by[missing[0]]
+        missing = [name for name in missing if self.required_by[name] == (source, stage)]  # one stage's at a time
+        wanted = [name for name, where in self.required_by.items() if where == (source, stage)]
+        builtin = [name for name in wanted if name in PER_TOKEN_FIELDS]
+        extra = [name for name in wanted if name not in PER_TOKEN_FIELDS]
+        arguments = [f"{name}=..." for name in builtin] + (
+            [f"extra={{{', '.join(f'{name!r}: ...' for name in extra)}}}"] if extra else [])
+        known = f" (its extra fields: {', '.join(sorted(batch.extra))})" if batch.extra else ""
+        fields = "field" if len(missing) == 1 else "fields"
+        raise ConfigError(
+            f"estimator {source!r} requires the per-token {fields} {' and '.join(repr(n) for n in missing)} (its "
+            f"{stage} reads {'it' if len(missing) == 1 else 'them'}), but the batch has no {' and '.join(missing)}"
+            f"{known}: pass {'it' if len(missing) == 1 else 'them'} as RolloutBatch.from_lists(..., "
+            f"{', '.join(arguments)}) (one value per token; the trainer's rollout records the built-in fields "
+            "an estimator requires)")
+
+
+def _requirements(runs: Mapping[str, tuple[str, object] | None]) -> tuple[dict[str, tuple[str, str]], tuple[str, ...]]:
+    """From ``runs`` (stage -> the estimator name and object that runs it, None for the
+    default): the declared fields to check (field -> the first estimator and stage that
+    read it) and what the run requires: the declared fields, with every built-in field
+    for an estimator that declares nothing; built-in fields first, in their order."""
+    checks: dict[str, tuple[str, str]] = {}
+    undeclared = False
+    for stage, provider in runs.items():
+        if provider is None:
+            continue
+        source, estimator = provider
+        declared = declared_requires(estimator)
+        if declared is None:
+            undeclared = True
+            continue
+        for name in declared[stage]:
+            checks.setdefault(name, (source, stage))
+    wanted = set(checks) | (set(PER_TOKEN_FIELDS) if undeclared else set())
+    ordered = [name for name in PER_TOKEN_FIELDS if name in wanted] + sorted(wanted - set(PER_TOKEN_FIELDS))
+    return checks, tuple(ordered)
+
+
+def _spans(estimators: Mapping[str, object], instances: Mapping[str, object]) -> str:
+    """``"call"`` when one of ``estimators`` (name -> object) spans the call with its
+    parameters (``instances``: name -> its parameter dataclass instance), else
+    ``"group"``; an estimator that does not declare ``spans`` is taken to span the call."""
+    for name, estimator in estimators.items():
+        spans = getattr(estimator, "spans", "call")
+        value = spans(instances[name]) if callable(spans) else spans
+        if value not in SPANS:
+            raise ConfigError(f"estimator {name!r}: spans must give 'group' or 'call', got {value!r}")
+        if value == "call":
+            return "call"
+    return "group"
 
 
 def _borrowed_stages(stages: Mapping[str, str] | None, host: PluginHost) -> dict[str, str]:
@@ -84,7 +187,8 @@ def _borrowed_stages(stages: Mapping[str, str] | None, host: PluginHost) -> dict
         if stage not in STAGES:
             raise ConfigError(f"unknown estimator stage {stage!r}.{suggest(str(stage), STAGES)} Stages: {', '.join(STAGES)}")
         if not hasattr(host.estimators.get(source), stage):
-            raise ConfigError(f"estimator {source!r} does not implement stage {stage!r}")
+            raise ConfigError(f"estimator {source!r} does not implement stage {stage!r} (without it an estimator "
+                              "gets the default: no boundaries, root-only nodes): borrow it from one that does")
     return dict(stages or {})
 
 

@@ -21,6 +21,7 @@ A plugin is a module or an object whose methods are decorated with
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import pluggy
@@ -48,9 +49,22 @@ class LeafSpecs:
         """Register advantage estimators.
 
         :param register: call ``register(name, estimator)`` once per estimator. The
-            estimator is an object whose ``hookimpl`` methods implement some of the stage
-            hooks ``select_boundaries``, ``retain_nodes`` and ``compute_advantages``, and
-            whose docstring's first line describes it in ``leaf plugins``.
+            estimator is an object whose ``hookimpl`` methods implement
+            ``compute_advantages`` and, optionally, ``select_boundaries`` (default: no
+            boundaries) and ``retain_nodes`` (default: root-only nodes,
+            ``leaf_plugins.core.tree.root_only_nodes``), and whose docstring's first line
+            describes it in ``leaf plugins``. An estimator without
+            ``compute_advantages``, or with a stage attribute that is not a ``hookimpl``,
+            is refused here, naming it and its package.
+
+        ``requires`` (optional) names the optional per-token fields of ``RolloutBatch`` it
+        reads: a tuple (``("logprobs", "sum_pi_squared")``, for every stage) or a mapping
+        stage -> tuple; names are ``surprisal``, ``logprobs``, ``sum_pi_squared`` or the
+        name of a ``RolloutBatch.extra`` field. Producers compute what ``Engine.requires``
+        lists (every built-in field for an estimator that declares nothing) and the engine
+        refuses a batch without a declared field. ``spans`` (optional) is ``"group"``
+        (a group's advantages depend on that group alone), ``"call"`` (they learn from
+        the whole call; the default) or a method ``spans(params)`` returning one.
 
         The estimator declares its parameters as ``parameters = SomeParams``: a
         (preferably frozen) ``@dataclass`` class whose fields are the parameters, each
@@ -71,15 +85,16 @@ class LeafSpecs:
         """Register speech-LLM backbones.
 
         :param register: call ``register(name, backbone)`` once per backbone, where
-            ``backbone`` follows ``leaf_plugins.backbones.base.Backbone``.
+            ``backbone`` follows ``leaf_plugins.core.backbone.Backbone``.
         """
 
     @hookspec
     def register_tasks(self, register: Callable[[str, Any], None]) -> None:
-        """Register speech tasks (datasets with prompts, references and a reward).
+        """Register speech tasks (datasets of spoken prompts and their references; the run's
+        reward scores the responses against them).
 
         :param register: call ``register(name, task)`` once per task, where ``task``
-            follows ``leaf_plugins.tasks.base.Task``.
+            follows ``leaf_plugins.core.task.Task``.
         """
 
     @hookspec
@@ -152,6 +167,7 @@ class LeafSpecs:
     @hookspec(firstresult=True)
     def select_boundaries(self, batch: RolloutBatch, params: Any) -> Boundaries | None:
         """Choose, for every group, the token boundaries at which prefixes are compared.
+        Optional: an estimator without it gets no boundaries (``Boundaries.empty``).
 
         :param batch: the padded rollout batch (tokens ``[N, T]``, surprisal ``[N, T]``…).
         :param params: the validated parameters: an instance of the ``parameters``
@@ -169,6 +185,8 @@ class LeafSpecs:
     @hookspec(firstresult=True)
     def retain_nodes(self, batch: RolloutBatch, boundaries: Boundaries, params: Any) -> Nodes | None:
         """Group responses by exact shared prefixes and keep the groups that become nodes.
+        Optional: an estimator without it gets root-only nodes (no retained node, each
+        group's mean reward as ``root_value``).
 
         :param batch: the padded rollout batch.
         :param boundaries: the output of ``select_boundaries``.
@@ -182,7 +200,7 @@ class LeafSpecs:
 
     @hookspec(firstresult=True)
     def compute_advantages(self, batch: RolloutBatch, nodes: Nodes, params: Any) -> torch.Tensor | None:
-        """Turn the retained nodes into per-token advantages.
+        """Turn the retained nodes into per-token advantages. Every estimator implements it.
 
         :param batch: the padded rollout batch.
         :param nodes: the output of ``retain_nodes``.
@@ -253,4 +271,78 @@ class LeafSpecs:
     def on_step_end(self, step: int, metrics: dict[str, float]) -> None:
         """Called after every training step (a rollout and its updates, logged) with the
         step's metrics (reward, loss, KL, clip fraction, gradient norm, learning rate,
-        advantage statistics, timings). For logging; must not modify them."""
+        advantage statistics, timings). For logging; must not modify them.
+
+        :param step: the step just done, 1-based (the ``step`` of its ``metrics.jsonl`` line).
+
+        Called before the step's checkpoint (if it has one) is written, so a
+        ``save_plugin_state`` of that checkpoint sees the step done.
+        """
+
+    # ------------------------------------------------------------------ lifecycle (named plugins only)
+    @hookspec
+    def on_run_start(self, model: Any, optimizer: Any, config: Any, output_dir: Path) -> None:
+        """Called once per run of ``leaf train`` (and each run of a study), on every
+        process, after the model, the optimizer and any checkpoint resumed from are
+        loaded and before the first step (before ``load_plugin_state``).
+
+        :param model: the policy: the PeftModel whose LoRA adapter is trained (not the
+            DDP wrapper; FSDP2-sharded with ``sharding: fsdp2``).
+        :param optimizer: the run's optimizer (accelerate's wrapper of AdamW).
+        :param config: the run's ``TrainConfig``.
+        :param output_dir: the run directory (``metrics.jsonl``, checkpoints, ...).
+
+        Only the plugins the run config names in ``plugins:`` receive it, as every
+        lifecycle hook below.
+        """
+
+    @hookspec
+    def on_run_end(self, model: Any, optimizer: Any, config: Any, output_dir: Path) -> None:
+        """Called once when the run stops training: after its last step and that step's
+        checkpoint, or after an interrupt (Ctrl-C, SIGTERM) has saved the run's progress.
+        Not called when the run stops on an error. Arguments as ``on_run_start``.
+        """
+
+    @hookspec
+    def on_optimizer_step(self, model: Any, optimizer: Any, step: int, update: int) -> None:
+        """Called after every optimizer step, on every process, with the updated weights.
+        A training step makes ``optim.updates_per_rollout × optim.mini_batches`` of them,
+        so this is the place to push the adapter to an external rollout engine.
+
+        :param model: the policy (the PeftModel), its adapter just updated.
+        :param optimizer: the run's optimizer.
+        :param step: the training step being made, 1-based.
+        :param update: the optimizer step within it, 0-based.
+
+        Called while interrupts are held (the step's updates and its log line are one
+        unit); keep it short or hand the work to a thread.
+        """
+
+    @hookspec
+    def save_plugin_state(self, step: int, output_dir: Path) -> Any:
+        """The plugin's own state, saved with the checkpoint of ``step`` (1-based) and
+        handed back to ``load_plugin_state`` when a run resumes from it, so that a
+        resumed run continues exactly where the interrupted one was.
+
+        :return: anything ``torch.save`` can write (a JSON-able value, tensors, a
+            state dict), or None to save nothing. It is written by the main process as
+            ``plugins/<name>.pt`` in the checkpoint directory, ``<name>`` being the
+            plugin's name in ``plugins:`` (characters other than letters, digits, ``-``,
+            ``_`` and ``.`` replaced by ``_``).
+
+        Called on the plugin alone (not as a chain over plugins), after ``on_step_end``
+        of that step.
+        """
+
+    @hookspec
+    def load_plugin_state(self, state: Any, step: int, output_dir: Path) -> None:
+        """Restore the plugin's state from the checkpoint a run resumes from.
+
+        :param state: what ``save_plugin_state`` returned for that checkpoint (loaded
+            on every process, with ``weights_only=False``).
+        :param step: the checkpoint's step: the run continues with step ``step + 1``.
+
+        Called on the plugin alone, after ``on_run_start``, and only when the
+        checkpoint holds a state of this plugin (a plugin first named on resume starts
+        fresh).
+        """

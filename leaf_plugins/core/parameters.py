@@ -31,10 +31,12 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Mapping
 
+from leaf_plugins.core.config import key_location
 from leaf_plugins.core.errors import ConfigError, suggest
 
 __all__ = ["NoParameters", "Parameter", "ParameterSchema", "Problem", "parameters_class", "parameter_list",
-           "describe_type", "check_value"]
+           "describe_type", "check_value", "declared_parameters", "parameter_problems", "located_parameter_problems",
+           "configured"]
 
 
 
@@ -123,8 +125,10 @@ class ParameterSchema:
     """The parameters of an estimator together with those of the estimators its stages
     are borrowed from: which keys are accepted, and one dataclass instance per owner."""
 
-    def __init__(self, owners: Mapping[str, type]) -> None:
-        """:param owners: estimator name -> its parameter dataclass; the first is the main one."""
+    def __init__(self, owners: Mapping[str, type], kind: str = "estimator") -> None:
+        """:param owners: estimator name -> its parameter dataclass; the first is the main one.
+        :param kind: what the owners are, in messages (``estimator``, ``plugin``, ``reward``...)."""
+        self.kind = kind
         self.owners = dict(owners)
         self.main = next(iter(self.owners))
         self.declared: dict[str, dict[str, Parameter]] = {
@@ -170,7 +174,7 @@ class ParameterSchema:
         for owner, declared in self.declared.items():
             missing = [p.name for p in declared.values() if p.required and p.name not in values]
             if missing:
-                problems.append(Problem(None, f"estimator {owner!r} needs parameter{'s' if len(missing) > 1 else ''} "
+                problems.append(Problem(None, f"{self.kind} {owner!r} needs parameter{'s' if len(missing) > 1 else ''} "
                                               f"{', '.join(missing)} ({'; '.join(self._expects(n) for n in missing)})",
                                         whole=True))
         if not problems:
@@ -191,7 +195,7 @@ class ParameterSchema:
     def unknown_message(self, key: Any) -> str:
         """Why ``key`` is refused: a did-you-mean and the parameters there are."""
         names = sorted(self.names)
-        return (f"estimator {self.main!r} has no parameter {key!r}.{suggest(str(key), names)} "
+        return (f"{self.kind} {self.main!r} has no parameter {key!r}.{suggest(str(key), names)} "
                 f"Its parameters: {', '.join(names) or '(none)'}")
 
     def _expects(self, key: str) -> str:
@@ -210,9 +214,9 @@ class ParameterSchema:
             try:
                 self.owners[owner](**given)
             except (ValueError, TypeError) as error:
-                return str(error) or f"estimator {owner!r} rejected {given!r} ({type(error).__name__})"
+                return str(error) or f"{self.kind} {owner!r} rejected {given!r} ({type(error).__name__})"
             except Exception as error:  # a bug in a plugin's __post_init__ is still reported, not raised
-                return f"estimator {owner!r} failed checking {given!r}: {type(error).__name__}: {error}"
+                return f"{self.kind} {owner!r} failed checking {given!r}: {type(error).__name__}: {error}"
         return None
 
     def _check_agreement(self) -> None:
@@ -229,6 +233,75 @@ class ParameterSchema:
                         f"estimators {other!r} and {owner!r} both declare parameter {name!r}, differently "
                         f"({other}: {earlier.type_text} = {earlier.default_text}; {owner}: {parameter.type_text} = "
                         f"{parameter.default_text}): a stage borrowed from one cannot share the other's {name!r}")
+
+
+def declared_parameters(kind: str, name: str, obj: object) -> type | None:
+    """The parameter dataclass that ``obj`` (a registered reward, task, rollout backend
+    or a named stage plugin) declares as ``parameters``, or None when it declares none.
+
+    :raises ConfigError: ``parameters`` is there but not a ``@dataclass`` class."""
+    declared = getattr(obj, "parameters", None)
+    if declared is None:
+        return None
+    if not (isinstance(declared, type) and dataclasses.is_dataclass(declared)):
+        raise ConfigError(f"{kind} {name!r}: `parameters` must be a @dataclass class, got {declared!r}")
+    return declared
+
+
+def parameter_problems(kind: str, name: str, obj: object, values: Mapping[str, Any]) -> list[Problem]:
+    """Every problem of ``values`` as the parameters of ``obj`` (``ParameterSchema.problems``);
+    each key is one when ``obj`` declares no parameters."""
+    declared = declared_parameters(kind, name, obj)
+    if declared is None:
+        return [Problem(key, f"{kind} {name!r} takes no parameters (it declares no `parameters` dataclass), "
+                             f"got {key!r}") for key in values]
+    return ParameterSchema({name: declared}, kind).problems(values)
+
+
+def located_parameter_problems(kind: str, name: str, obj: object, values: Any, path: str, where: str,
+                               whole_at: str) -> list[tuple[str, str]]:
+    """``(location, message)`` of every problem of ``values`` (a mapping read from a
+    config, its keys located with ``key_location``) as the parameters of ``obj``.
+
+    :param path: the dotted config path of ``values`` (``reward_params``), prefixed to
+        each message.
+    :param where: the file ``values`` was read from.
+    :param whole_at: the location of a problem of the parameters together.
+    """
+    if values is None:
+        values = {}
+    if not isinstance(values, Mapping):
+        return [(whole_at, f"{path}: expected a mapping of parameters, got {values!r}")]
+    try:
+        problems = parameter_problems(kind, name, obj, dict(values))
+    except ConfigError as error:
+        return [(whole_at, f"{path}: {error}")]
+    inner = where if hasattr(values, "lc") else whole_at  # a mapping an override gave whole: at the override
+    return [(whole_at if problem.whole else key_location(values, problem.key, inner),
+             f"{path}: {problem.message}" if problem.whole else f"{path}.{problem.key}: {problem.message}")
+            for problem in problems]
+
+
+def configured(kind: str, name: str, obj: object, values: Mapping[str, Any] | None = None) -> Any:
+    """What a run uses of the registered (or named) ``obj``, given the parameters ``values``.
+
+    ``obj`` declaring ``parameters = Params``: a class is called with the ``Params``
+    instance built from ``values`` (``obj(params)``); an instance is rebuilt by its class
+    the same way (``type(obj)(params)``), so a registered instance stands for its class
+    with the default parameters. ``obj`` declaring none: ``obj`` itself, and any value
+    is an error.
+
+    :raises ConfigError: every problem of ``values`` at once, naming ``kind`` and ``name``.
+    """
+    values = dict(values or {})
+    problems = parameter_problems(kind, name, obj, values)
+    if problems:
+        raise ConfigError("; ".join(problem.message for problem in problems))
+    declared = declared_parameters(kind, name, obj)
+    if declared is None:
+        return obj
+    params = ParameterSchema({name: declared}, kind).build(values)[name]
+    return (obj if isinstance(obj, type) else type(obj))(params)
 
 
 def _key(default: Any) -> Any:

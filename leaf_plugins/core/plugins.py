@@ -18,17 +18,18 @@ import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib.metadata import EntryPoint, entry_points
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import pluggy
 
-from leaf_plugins.core.errors import LeafError, PluginLoadError
+from leaf_plugins.core.errors import LeafError, PluginLoadError, UnknownNameError
 from leaf_plugins.core.hookspecs import PROJECT, LeafSpecs
 from leaf_plugins.core.interrupts import interrupt_received
-from leaf_plugins.core.registry import Registry
+from leaf_plugins.core.registry import Entry, Registry
 
 __all__ = ["PluginHost", "LoadedPlugin", "get_host", "get_estimator_host", "discover_commands", "STRICT_ENV",
-           "PluginWarning", "KINDS", "COMMAND_GROUP", "BUILTIN_KINDS", "TRAIN_EXTRA", "training_stack_missing"]
+           "PluginWarning", "KINDS", "COMMAND_GROUP", "BUILTIN_KINDS", "TRAIN_EXTRA", "training_stack_missing",
+           "ESTIMATOR_STAGES", "SPANS", "estimator_problems", "EstimatorRegistry"]
 
 STRICT_ENV = "LEAF_PLUGINS_STRICT"
 BUILTIN_DISTRIBUTION = "leaf-plugins"
@@ -48,13 +49,24 @@ BUILTIN_KINDS = {  # module of a built-in entry point of the `leaf_plugins` grou
     "leaf_plugins.backbones": "backbone",
     "leaf_plugins.tasks": "task",
     "leaf_plugins.rewards": "reward",
-    "leaf_plugins.training.rollout_backend": "rollout_backend",
+    "leaf_plugins.rollout.backends": "rollout_backend",
 }
 TRAIN_EXTRA = "pip install 'leaf-plugins[train]'"
 TRAIN_MODULES = frozenset({"transformers", "peft", "accelerate", "datasets", "sacrebleu", "soundfile", "matplotlib",
                            "tokenizers", "safetensors", "huggingface_hub"})
 """Top-level modules of the ``train`` extra (and theirs): a built-in plugin that cannot import
 one of them says to install the extra."""
+
+
+ESTIMATOR_STAGES = ("select_boundaries", "retain_nodes", "compute_advantages")
+"""The estimator stages, in the order a call runs them; only ``compute_advantages`` is
+required (the engine supplies no boundaries and root-only nodes for the others)."""
+
+SPANS = ("group", "call")
+"""What an estimator's advantages of a group may depend on: that group alone, or the call."""
+
+_ALWAYS_PRESENT = ("tokens", "lengths", "group_ids", "rewards", "vocab_size", "extra")
+"""Fields of every ``RolloutBatch`` (``requires`` names only the optional per-token ones)."""
 
 
 class PluginWarning(UserWarning):
@@ -117,7 +129,8 @@ class PluginHost:
         hooks = DISCOVERY_HOOKS if hooks is None else hooks
         manager = pluggy.PluginManager(PROJECT)
         manager.add_hookspecs(LeafSpecs)
-        host = cls(manager, {kind: Registry(kind.replace("_", " ")) for kind in hooks.values()})
+        host = cls(manager, {kind: EstimatorRegistry() if kind == "estimator" else Registry(kind.replace("_", " "))
+                             for kind in hooks.values()})
         for name, origin, load in _plugin_sources(group, set(hooks.values())):
             host._guard(name, strict, lambda: host._register_plugin(manager, load(), name, origin))
         for name, plugin in extra_plugins:
@@ -126,7 +139,9 @@ class PluginHost:
             for impl in getattr(manager.hook, hook_name).get_hookimpls():
                 registry = host.registries[kind]
                 loaded = host.loaded.get(impl.plugin_name)
-                register = _register_into(registry, loaded.distribution if loaded else impl.plugin_name)
+                origin = loaded.distribution if loaded else impl.plugin_name
+                register = (host._estimator_register(registry, origin, impl.plugin_name, strict)
+                            if isinstance(registry, EstimatorRegistry) else _register_into(registry, origin))
                 host._guard(impl.plugin_name, strict, lambda: impl.function(register=register))
         return host
 
@@ -134,6 +149,25 @@ class PluginHost:
         manager.register(plugin, name=name)
         manager.check_pending()
         self.loaded[name] = LoadedPlugin(name, origin, plugin)
+
+    def _estimator_register(self, registry: EstimatorRegistry, origin: str, plugin: str,
+                            strict: bool) -> Callable[[str, Any], None]:
+        """``register`` of the estimator registry: an estimator that cannot run
+        (``estimator_problems``) is refused, naming it and its package; the plugin's other
+        estimators are registered. Fatal under ``strict``, a warning otherwise."""
+
+        def register(name: str, value: Any) -> None:
+            problems = estimator_problems(value)
+            if not problems or name in registry:  # a second registration of a name: the duplicate error
+                registry.add(name, value, origin)
+                return
+            message = f"estimator {name!r} from {origin} cannot run: {'; '.join(problems)}"
+            registry.refused[name] = message
+            if strict:
+                raise PluginLoadError(message)
+            self._report(plugin, message)
+
+        return register
 
     def _guard(self, name: str, strict: bool, action: Callable[[], None]) -> None:
         try:
@@ -161,6 +195,55 @@ class PluginHost:
             PluginWarning,
             stacklevel=3,
         )
+
+
+class EstimatorRegistry(Registry[Any]):
+    """The estimator registry, which also remembers the estimators it refused: asking for
+    one of those gives the reason it cannot run, not "unknown"."""
+
+    def __init__(self) -> None:
+        super().__init__("estimator")
+        self.refused: dict[str, str] = {}  # name -> why it cannot run
+
+    def entry(self, name: str) -> Entry[Any]:
+        """The entry registered under ``name``; a refused estimator raises its reason."""
+        if name in self.refused and name not in self:
+            raise UnknownNameError(self.refused[name])
+        return super().entry(name)
+
+
+def estimator_problems(estimator: object) -> list[str]:
+    """Why ``estimator`` cannot run (empty when it can): it must implement
+    ``compute_advantages``; every stage attribute it has must be a ``hookimpl``; its
+    ``requires`` (optional) names per-token fields, for every stage or per stage; its
+    ``spans`` (optional) is ``"group"``, ``"call"`` or a method of the parameters."""
+    problems = []
+    for stage in ESTIMATOR_STAGES:
+        impl = getattr(estimator, stage, None)
+        if impl is None:
+            if stage == "compute_advantages":
+                problems.append("it has no compute_advantages stage, which every estimator implements "
+                                "(select_boundaries and retain_nodes are optional)")
+        elif not callable(impl) or getattr(impl, f"{PROJECT}_impl", None) is None:
+            problems.append(f"its {stage} is not a stage hook: make it a method decorated with "
+                            f"@leaf_plugins.hookimpl (got {type(impl).__name__})")
+    requires = getattr(estimator, "requires", None)
+    if requires is not None:
+        per_stage = requires.items() if isinstance(requires, Mapping) else [("every stage", requires)]
+        for stage, names in per_stage:
+            if stage != "every stage" and stage not in ESTIMATOR_STAGES:
+                problems.append(f"its requires names an unknown stage {stage!r} "
+                                f"(stages: {', '.join(ESTIMATOR_STAGES)})")
+            elif isinstance(names, str) or not all(isinstance(n, str) and n.isidentifier() for n in names):
+                problems.append(f"its requires ({stage}) must be a tuple of per-token field names, got {names!r}")
+            elif any(n in _ALWAYS_PRESENT for n in names):
+                problems.append(f"its requires ({stage}) names a field every batch has "
+                                f"({', '.join(n for n in names if n in _ALWAYS_PRESENT)}): "
+                                "name only optional per-token fields")
+    spans = getattr(estimator, "spans", None)
+    if spans is not None and not callable(spans) and spans not in SPANS:
+        problems.append(f"its spans must be 'group', 'call' or a method spans(params) returning one, got {spans!r}")
+    return problems
 
 
 def training_stack_missing(error: BaseException) -> str | None:

@@ -17,8 +17,8 @@ import torch
 from leaf_plugins.core.batch import RolloutBatch
 
 if TYPE_CHECKING:
-    from leaf_plugins.backbones.base import LoadedBackbone
-    from leaf_plugins.tasks.base import Example
+    from leaf_plugins.core.backbone import LoadedBackbone
+    from leaf_plugins.core.task import Example
 
 __all__ = ["StepContext", "RolloutRequest", "Rollout", "PolicyLoss"]
 
@@ -54,6 +54,8 @@ class RolloutRequest:
     context: StepContext | None = None  # the training step, when sampling for one (None in evaluation and benchmarks)
     seed: int | None = None  # response k of the prompt with group id g is sampled from the key (seed, g, k), whatever
     # the batch it is in (``keyed_draw``); None: a seed drawn from torch's default generator
+    fields: frozenset[str] | None = None  # the optional per-token statistics to compute (``sum_pi_squared``, a
+    # backend's extra fields): those the run's estimator requires (``Engine.requires``); None: all it can
 
 
 @dataclass(frozen=True)

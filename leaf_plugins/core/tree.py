@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
+
 import torch
 
-__all__ = ["Boundaries", "Nodes", "Node", "EstimateResult", "ascending_used_first"]
+if TYPE_CHECKING:
+    from leaf_plugins.core.batch import RolloutBatch
+
+__all__ = ["Boundaries", "Nodes", "Node", "EstimateResult", "ascending_used_first", "root_only_nodes"]
 
 
 def ascending_used_first(positions: torch.Tensor) -> torch.Tensor:
@@ -86,6 +91,29 @@ class Nodes:
         for nodes in per_group:
             nodes.sort(key=lambda node: (node.position, node.members))
         return per_group
+
+
+@torch.inference_mode()
+def root_only_nodes(batch: RolloutBatch) -> Nodes:
+    """No retained node, only the root of every group: its mean reward ``V0``. What an
+    estimator without a ``retain_nodes`` stage receives in ``compute_advantages``."""
+    device = batch.device
+    layout = batch.groups
+    rewards = batch.rewards.double()  # [N]
+    if layout.uniform_size:
+        means = rewards.view(layout.count, layout.uniform_size).mean(dim=1)  # [G]
+    else:
+        totals = torch.zeros(layout.count, dtype=torch.float64, device=device).index_add_(0, layout.index, rewards)
+        means = totals / layout.sizes.clamp(min=1).double()  # [G]
+    empty = torch.zeros(0, dtype=torch.int64, device=device)
+    return Nodes(
+        group=empty,
+        position=empty,
+        value=torch.zeros(0, dtype=torch.float32, device=device),
+        size=empty,
+        path=torch.full((batch.size, 0), -1, dtype=torch.int64, device=device),
+        root_value=means.float(),
+    )
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ import torch
 from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.core.hookspecs import hookimpl
 from leaf_plugins.core.tree import Boundaries
+from leaf_plugins.estimators.leaf import LEAF
 from leaf_plugins.estimators.machinery.boundary_scan import separation, shortest_lengths
-from leaf_plugins.estimators.leaf import LEAF, BudgetParams, NodeParams, SpanCreditParams
+from leaf_plugins.estimators.parameters import BudgetParams, NodeParams, SpanCreditParams
 
 __all__ = ["Collision", "CollisionParams", "collision_boundaries"]
 
@@ -24,6 +25,7 @@ class Collision(LEAF):
     """Collision-only matching: boundaries of largest prefix-collision mass, LEAF credit."""
 
     parameters = CollisionParams
+    requires = ()  # boundaries from the tokens alone
 
     @hookimpl
     def select_boundaries(self, batch: RolloutBatch, params: BudgetParams) -> Boundaries:

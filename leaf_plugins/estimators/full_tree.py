@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.core.hookspecs import hookimpl
 from leaf_plugins.core.tree import Boundaries, Nodes
-from leaf_plugins.estimators.leaf import LEAF, NodeParams, SpanCreditParams
+from leaf_plugins.estimators.leaf import LEAF
 from leaf_plugins.estimators.machinery.nodes import trie_nodes
 from leaf_plugins.estimators.machinery.prefixes import SortedPrefixes
+from leaf_plugins.estimators.parameters import NodeParams, SpanCreditParams
 
 __all__ = ["FullTree", "FullTreeParams"]
 
@@ -23,6 +24,7 @@ class FullTree(LEAF):
     """Full prefix tree: every branching set of the exact-match trie, no budget."""
 
     parameters = FullTreeParams
+    requires = ()  # the trie of the tokens
 
     @hookimpl
     def select_boundaries(self, batch: RolloutBatch, params: FullTreeParams) -> Boundaries:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
 
 import torch
 
@@ -15,60 +14,9 @@ from leaf_plugins.estimators.machinery.boundary_scan import greedy_boundaries, s
 from leaf_plugins.estimators.machinery.group_stats import group_extreme
 from leaf_plugins.estimators.machinery.nodes import boundary_nodes
 from leaf_plugins.estimators.machinery.span_credit import span_advantages
+from leaf_plugins.estimators.parameters import BudgetParams, HorizonParams, NodeParams, SpanCreditParams
 
-__all__ = ["LEAF", "LeafParams", "BudgetParams", "NodeParams", "HorizonParams", "SpanCreditParams",
-           "surprisal_boundaries"]
-
-# LEAF's parameters, one small dataclass per stage that reads them, so that the estimators
-# that share a stage share its parameters (names, types, defaults, help and checks). Each
-# ``__post_init__`` checks its own fields, then hands on to the next class of the instance's MRO.
-
-
-@dataclass(frozen=True)
-class BudgetParams:
-    """B, the boundary budget (``leaf``, ``collision``, ``tree_rloo``, ``tree_otb``)."""
-
-    fork_budget: int = field(default=2, metadata={
-        "help": "B: at most this many boundaries per group"})
-
-    def __post_init__(self) -> None:
-        if self.fork_budget < 0:
-            raise ValueError(f"fork_budget must be an integer >= 0, got {self.fork_budget!r}")
-        getattr(super(), "__post_init__", lambda: None)()
-
-
-@dataclass(frozen=True)
-class NodeParams:
-    """m0, the retention threshold of prefix groups (every prefix-tree estimator)."""
-
-    min_group: int = field(default=2, metadata={
-        "help": "m0: a prefix group becomes a node when it has at least this many responses"})
-
-    def __post_init__(self) -> None:
-        if self.min_group < 2:
-            raise ValueError(f"min_group must be an integer >= 2 (singletons are never nodes), got {self.min_group!r}")
-        getattr(super(), "__post_init__", lambda: None)()
-
-
-@dataclass(frozen=True)
-class HorizonParams:
-    """Where LEAF's surprisal boundaries may lie (``leaf``, ``tree_rloo``, ``tree_otb``)."""
-
-    horizon: Literal["shortest", "each"] = field(default="shortest", metadata={
-        "help": "shortest: boundary candidates 1 <= t < the group's shortest length (the paper); each: "
-                "t < the response's own length (the authors' code)"})
-
-
-@dataclass(frozen=True)
-class SpanCreditParams:
-    """What the span credit adds up and how it is normalised (``leaf``, ``collision``, ``full_tree``)."""
-
-    terms: Literal["both", "global", "local"] = field(default="both", metadata={
-        "help": "both: GA + LA; global: GA only (r - V0); local: LA only (the node-to-node differences)"})
-    normalize: Literal["none", "span", "token", "batch"] = field(default="span", metadata={
-        "help": "span: z-score the raw advantages per group over its spans (one entry each); token: over "
-                "the group's tokens; batch: over all tokens of the batch; none: not at all"})
-
+__all__ = ["LEAF", "LeafParams", "surprisal_boundaries"]
 
 @dataclass(frozen=True)
 class LeafParams(SpanCreditParams, HorizonParams, NodeParams, BudgetParams):
@@ -79,6 +27,11 @@ class LEAF:
     """LEAF: at most B high-surprisal boundaries, prefix groups there, GA+LA span credit."""
 
     parameters = LeafParams
+    requires = {"select_boundaries": ("surprisal",)}  # the span credit reads tokens and rewards only
+
+    def spans(self, params: SpanCreditParams) -> str:
+        """``call`` under ``normalize: batch`` (one z-score over the whole call), else ``group``."""
+        return "call" if params.normalize == "batch" else "group"
 
     @hookimpl
     def select_boundaries(self, batch: RolloutBatch, params: LeafParams) -> Boundaries:

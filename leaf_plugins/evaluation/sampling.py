@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -28,7 +28,7 @@ from leaf_plugins.core.stages import Rollout
 from leaf_plugins.tasks.base import Example
 from leaf_plugins.training.checkpoint import latest_checkpoint
 from leaf_plugins.training.config import BackboneConfig
-from leaf_plugins.training.rollout import sample_responses
+from leaf_plugins.rollout.sampling import sample_responses
 from leaf_plugins.training.stage_plugins import RolloutStage
 from leaf_plugins.training.whole_step import prompt_share
 
@@ -91,6 +91,7 @@ def sample_groups(
     policy: Policy, examples: Sequence[Example], samples: int, temperature: float = 0.9, top_p: float = 0.9,
     max_new_tokens: int = 200, batch_prompts: int = 8, seed: int = 0, description: str = "sampling",
     backend: str | None = None, stage: RolloutStage | None = None, rank: int = 0, world: int = 1,
+    backend_params: Mapping[str, Any] | None = None, fields: Iterable[str] | None = None,
 ) -> Iterator[Rollout]:
     """``samples`` responses per example, ``batch_prompts`` examples per rollout, sampled by
     the ``rollout`` hook of the run's plugins (``stage``) where one returns a rollout,
@@ -103,7 +104,10 @@ def sample_groups(
     batches (``prompt_share`` over the batches: a contiguous range, the first ranges one
     batch longer), each with the batch number, examples and keys it has with ``world`` = 1:
     the shares' rollouts in rank order are the one-process rollouts. A process whose
-    share is empty (fewer batches than processes) yields nothing."""
+    share is empty (fewer batches than processes) yields nothing.
+
+    ``backend_params`` are the backend's parameters (``rollout.backend_params``);
+    ``fields`` the optional per-token statistics to compute (None: all the backend can)."""
     starts = range(0, len(examples), batch_prompts)
     device = next(policy.model.parameters()).device
     for number in tqdm(prompt_share(len(starts), rank, world), desc=description, unit="batch", disable=rank != 0):
@@ -117,13 +121,13 @@ def sample_groups(
         yield rollout if rollout is not None else sample_responses(
             policy.model, policy.loaded, inputs, group_size=samples, max_new_tokens=max_new_tokens,
             temperature=temperature, top_p=top_p, group_ids=list(range(start, start + len(chosen))), backend=backend,
-            seed=seed ^ EVALUATION_STREAM)
+            seed=seed ^ EVALUATION_STREAM, fields=fields, backend_params=backend_params)
 
 
 def sample_predictions(
     policy: Policy, examples: Sequence[Example], runs: int = 1, temperature: float = 0.9, top_p: float = 0.9,
     max_new_tokens: int = 200, batch_prompts: int = 8, seed: int = 0, backend: str | None = None,
-    stage: RolloutStage | None = None,
+    stage: RolloutStage | None = None, backend_params: Mapping[str, Any] | None = None,
 ) -> list[list[str]]:
     """``runs`` lists of predictions, one per example each: the sampled decoding the
     paper's metrics are averaged over (``backend`` and ``stage`` as ``sample_groups``).
@@ -134,7 +138,8 @@ def sample_predictions(
     rank, world = launch_rank()
     texts: list[str] = []
     for rollout in sample_groups(policy, examples, runs, temperature, top_p, max_new_tokens, batch_prompts, seed,
-                                 description="evaluating", backend=backend, stage=stage, rank=rank, world=world):
+                                 description="evaluating", backend=backend, stage=stage, rank=rank, world=world,
+                                 backend_params=backend_params, fields=()):  # texts only: no optional statistics
         texts.extend(rollout.texts)  # prompt-major: the runs of one example are consecutive
     if world > 1:
         shares: list[list[str] | None] = [None] * world

@@ -7,6 +7,8 @@ same ``[N, T]`` layout). Both adapters share it so that they estimate exactly al
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import torch
 
 from leaf_plugins.core.batch import PAD_TOKEN, RolloutBatch
@@ -22,13 +24,16 @@ def padded_batch(
     logprobs: torch.Tensor | None = None,  # [N, T] float: log pi_old of each sampled token
     sum_pi_squared: torch.Tensor | None = None,  # [N, T] float: sum_v pi_old(v)^2 per position
     vocab_size: int | None = None,
+    extra: Mapping[str, torch.Tensor] | None = None,  # name -> [N, T] float: further per-token fields
 ) -> RolloutBatch:
     """The ``RolloutBatch`` of right-padded framework tensors (on the tensors' device).
 
     A response's length is the position after its last masked-in token; positions before
     it count as the response even where ``mask`` is 0 (tool output inside a multi-turn
     response), so prefixes are compared over every token the policy saw. Surprisal is
-    ``-logprobs``. Non-finite rewards or log-probs raise, naming the first bad row.
+    ``-logprobs``. ``extra`` fields become ``RolloutBatch.extra`` (0 on padding, as the
+    others). Non-finite rewards or per-token values raise, naming the field and the first
+    bad row.
     """
     mask = mask.bool()
     n, width = tokens.shape
@@ -37,7 +42,9 @@ def padded_batch(
     real = positions.unsqueeze(0) <= lengths.unsqueeze(1)  # [N, T]
     _require_finite("rewards", rewards, None)
     floats = {}
-    for name, value in (("logprobs", logprobs), ("sum_pi_squared", sum_pi_squared)):
+    fields = {"logprobs": logprobs, "sum_pi_squared": sum_pi_squared,
+              **{f"extra[{name!r}]": value for name, value in (extra or {}).items()}}
+    for name, value in fields.items():
         if value is not None:
             _require_finite(name, value, real)
             floats[name] = torch.where(real, value.float(), 0.0)  # [N, T]
@@ -50,6 +57,7 @@ def padded_batch(
         logprobs=floats.get("logprobs"),
         sum_pi_squared=floats.get("sum_pi_squared"),
         vocab_size=vocab_size,
+        extra={name: floats[f"extra[{name!r}]"] for name in (extra or {})},
     )
 
 

@@ -7,7 +7,9 @@ the advantages that reach the loss are ``[B, T]`` per-token advantages from
 them), the weighted sum of the reward functions, groups of ``num_generations`` (gathered
 from every process, so a group split across processes is estimated whole) and the
 policy's own per-token log-probs at the generation weights (surprisal = -log-prob),
-with Σ_v π(v)² from the same fused LM head for the variance-aware estimators.
+with Σ_v π(v)² from the same fused LM head for the variance-aware estimators. Only what
+the estimator requires (``Engine.requires``) is computed: for ``grpo`` no extra forward
+pass runs, for ``leaf`` one without Σπ².
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.grpo_trainer import add_fused_lm_head, is_peft_model
 
+from leaf_plugins.core.batch import PER_TOKEN_FIELDS
 from leaf_plugins.core.engine import Engine
+from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.integrations.padded import padded_batch
 
 __all__ = ["LeafGRPOConfig", "LeafGRPOTrainer"]
@@ -56,9 +60,10 @@ class LeafGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer`` whose loss uses per-token advantages from a leaf-plugins estimator.
 
     Use it exactly like TRL's class, with ``args=LeafGRPOConfig(..., estimator="leaf",
-    estimator_params={"fork_budget": 2})``. One extra no-grad forward pass per generation
-    batch scores the completions with the policy (TRL's fused LM head, no ``[B, T, V]``
-    logits kept) for the log-probs and Σπ² the estimators read.
+    estimator_params={"fork_budget": 2})``. When the estimator requires them, one extra
+    no-grad forward pass per generation batch scores the completions with the policy
+    (TRL's fused LM head, no ``[B, T, V]`` logits kept) for the log-probs (surprisal) and,
+    only for an estimator that reads it, Σπ².
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -70,6 +75,10 @@ class LeafGRPOTrainer(GRPOTrainer):
             raise ValueError("LeafGRPOTrainer gives the estimator the weighted sum of the reward functions; "
                              f"multi_objective_aggregation={config.multi_objective_aggregation!r} is not supported")
         self.engine = Engine(config.estimator, config.estimator_params or {}, config.estimator_stages or None)
+        unknown = [name for name in self.engine.requires if name not in PER_TOKEN_FIELDS]
+        if unknown:
+            raise ConfigError(f"estimator {config.estimator!r} requires the per-token field(s) {', '.join(unknown)}, "
+                              f"which LeafGRPOTrainer does not compute (it computes {', '.join(PER_TOKEN_FIELDS)})")
         super().__init__(*args, **kwargs)
         self._rewards_per_func: torch.Tensor | None = None
         self._sum_sq_record: list[torch.Tensor] | None = None
@@ -107,10 +116,13 @@ class LeafGRPOTrainer(GRPOTrainer):
         training = self.model.training
         group_size = self.num_generations if training else self.num_generations_eval
         chunk = self.args.per_device_train_batch_size if training else self.args.per_device_eval_batch_size
-        logprobs, sum_pi_squared = self._score_completions(output, chunk)  # [B, C] each
+        requires = set(self.engine.requires)
+        logprobs = sum_pi_squared = None
+        if requires & {"surprisal", "logprobs", "sum_pi_squared"}:
+            logprobs, sum_pi_squared = self._score_completions(output, chunk, "sum_pi_squared" in requires)  # [B, C]
         local_rows, local_width = output["completion_ids"].shape
         ids, mask, logprobs, sum_pi_squared = (
-            self.accelerator.gather(self.accelerator.pad_across_processes(value, dim=1))
+            None if value is None else self.accelerator.gather(self.accelerator.pad_across_processes(value, dim=1))
             for value in (output["completion_ids"], output["completion_mask"], logprobs, sum_pi_squared)
         )  # [B_global, C_max] each
         output["advantages"] = self._advantages(ids, mask, logprobs, sum_pi_squared, group_size)[
@@ -118,11 +130,13 @@ class LeafGRPOTrainer(GRPOTrainer):
         ]  # [B, C]
         return output
 
-    def _score_completions(self, output: dict[str, Any], chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``[B, C]`` log π_old of each completion token and ``[B, C]`` Σ_v π_old(v)², from one
-        no-grad pass of the policy (temperature-scaled, as TRL's loss scores it)."""
+    def _score_completions(self, output: dict[str, Any], chunk: int,
+                           sum_squares: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``[B, C]`` log π_old of each completion token and, with ``sum_squares``, ``[B, C]``
+        Σ_v π_old(v)² (else None), from one no-grad pass of the policy (temperature-scaled,
+        as TRL's loss scores it)."""
         width = output["completion_ids"].size(1)
-        self._sum_sq_record = []
+        self._sum_sq_record = [] if sum_squares else None
         try:
             with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
                 logprobs, _, _ = self._get_per_token_logps_and_entropies(
@@ -135,17 +149,18 @@ class LeafGRPOTrainer(GRPOTrainer):
                     num_tiles=output.get("num_tiles"),
                     **{key: output[key] for key in FORWARD_KEYS if key in output},
                 )
-            log_sum_sq = torch.cat([part[:, -width:] for part in self._sum_sq_record])  # [B, C]
+            record = self._sum_sq_record
+            sum_pi_squared = None if record is None else torch.cat([part[:, -width:] for part in record]).float().exp()
         finally:
             self._sum_sq_record = None
-        return logprobs.float(), log_sum_sq.float().exp()
+        return logprobs.float(), sum_pi_squared  # [B, C], [B, C] or None
 
     def _advantages(
         self,
         ids: torch.Tensor,  # [N, T]
         mask: torch.Tensor,  # [N, T]
-        logprobs: torch.Tensor,  # [N, T]
-        sum_pi_squared: torch.Tensor,  # [N, T]
+        logprobs: torch.Tensor | None,  # [N, T], None when the estimator reads no log-prob
+        sum_pi_squared: torch.Tensor | None,  # [N, T], None when the estimator does not read it
         group_size: int,
     ) -> torch.Tensor:
         """``[N, T]`` advantages of the gathered generation batch; 0 for a completion that no

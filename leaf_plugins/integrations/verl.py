@@ -7,7 +7,9 @@ point this package declares) registers each leaf-plugins estimator in verl's
 estimators also receive what tree credit needs and verl's registry call omits: the
 response tokens (``responses``), the old log-probs (``old_log_probs``, surprisal is their
 negative) and ``sum_pi_squared`` where the actor computed it
-(``actor_rollout_ref.actor.calculate_sum_pi_squared=true``). Estimator parameters come from
+(``actor_rollout_ref.actor.calculate_sum_pi_squared=true``), each only when the estimator
+requires it (``Engine.requires``), with any ``DataProto.batch`` entry named by an
+estimator's ``requires`` as an extra per-token field. Estimator parameters come from
 ``algorithm.leaf_plugins`` (e.g. ``+algorithm.leaf_plugins.fork_budget=2``; a ``stages``
 entry holds stage overrides).
 
@@ -28,6 +30,7 @@ import numpy as np
 import torch
 from verl.trainer.ppo import core_algos
 
+from leaf_plugins.core.batch import PER_TOKEN_FIELDS
 from leaf_plugins.core.engine import Engine
 from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.core.plugins import get_estimator_host
@@ -86,6 +89,9 @@ def compute_advantage(data: Any, adv_estimator: Any, *args: Any, **kwargs: Any) 
         data.batch["response_mask"] = ray_trainer.compute_response_mask(data)
     extra = {key: data.batch[key] for key in PASSED_KEYS if key in data.batch.keys()}
     arguments = inspect.signature(_VERL_COMPUTE_ADVANTAGE).bind(data, adv_estimator, *args, **kwargs).arguments
+    requires = _engine(name, _options(arguments.get("config"))).requires
+    extra["extra_fields"] = {key: data.batch[key] for key in requires
+                             if key not in PER_TOKEN_FIELDS and key in data.batch.keys()}
     advantages, returns = fn(
         token_level_rewards=data.batch["token_level_rewards"],
         response_mask=data.batch["response_mask"],
@@ -112,10 +118,12 @@ def _verl_estimator(name: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor
         responses: torch.Tensor | None = None,  # [N, T] int: response token ids
         old_log_probs: torch.Tensor | None = None,  # [N, T] float: log pi_old of each response token
         sum_pi_squared: torch.Tensor | None = None,  # [N, T] float: sum_v pi_old(v)^2
+        extra_fields: Mapping[str, torch.Tensor] | None = None,  # name -> [N, T] float, those the estimator requires
         **unused: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(advantages, returns)`` ``[N, T]`` each (equal, as verl's outcome estimators
-        return them), 0 outside ``response_mask``."""
+        return them), 0 outside ``response_mask``. Of the optional per-token fields only
+        those the estimator requires enter its batch."""
         if responses is None or index is None:
             missing = "the response tokens" if responses is None else "the prompt uids"
             raise ConfigError(
@@ -126,9 +134,17 @@ def _verl_estimator(name: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor
                 + _trainer_missing_note()
             )
         engine = _engine(name, _options(config))
+        requires = set(engine.requires)
+        if sum_pi_squared is None and "sum_pi_squared" in engine.required_by:
+            source, stage = engine.required_by["sum_pi_squared"]
+            raise ConfigError(f"estimator {source!r} requires sum_pi_squared (its {stage} reads it), which verl's "
+                              "actor computes only with actor_rollout_ref.actor.calculate_sum_pi_squared=true")
         groups = torch.as_tensor(np.unique(np.asarray(index, dtype=object).astype(str), return_inverse=True)[1])
         batch = padded_batch(responses, response_mask, token_level_rewards.sum(dim=-1),
-                             groups.reshape(-1).to(responses.device), old_log_probs, sum_pi_squared)
+                             groups.reshape(-1).to(responses.device),
+                             old_log_probs if requires & {"surprisal", "logprobs"} else None,
+                             sum_pi_squared if "sum_pi_squared" in requires else None,
+                             extra={key: value for key, value in (extra_fields or {}).items() if key in requires})
         advantages = engine.estimate(batch).advantages.to(token_level_rewards.dtype) * response_mask  # [N, T]
         return advantages, advantages
 

@@ -1,33 +1,60 @@
 """Built-in rewards: ``sentence_bleu``, ``sentence_bleu_lowercase`` and ``exact_match``.
 
 A reward is ``reward(predictions: list[str], references: list[str]) -> list[float]``,
-registered through the ``register_rewards`` hook.
+registered through the ``register_rewards`` hook. One with parameters declares them as
+``parameters = Params`` (a dataclass) on its class, which takes the ``Params`` instance
+as its one argument; a run builds it with ``reward_params`` (``SentenceBLEU``).
 """
 
 from __future__ import annotations
 
 import re
 import unicodedata
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Callable, Literal
 
 from sacrebleu.metrics import BLEU
 
 from leaf_plugins.core.hookspecs import hookimpl
 
-__all__ = ["SentenceBLEU", "exact_match", "normalise_text"]
+__all__ = ["BLEUParams", "LowercaseBLEUParams", "SentenceBLEU", "LowercaseSentenceBLEU", "exact_match",
+           "normalise_text"]
+
+
+@dataclass(frozen=True)
+class BLEUParams:
+    """The parameters of sentence BLEU."""
+
+    lowercase: bool = field(default=False, metadata={"help": "compare lowercased text"})
+    tokenize: Literal["13a", "intl", "char", "zh", "none"] = field(
+        default="13a", metadata={"help": "sacrebleu's tokenizer (13a: its default; char, zh: for Chinese)"})
+
+
+@dataclass(frozen=True)
+class LowercaseBLEUParams(BLEUParams):
+    """The parameters of ``sentence_bleu_lowercase``: lowercased by default."""
+
+    lowercase: bool = field(default=True, metadata={"help": "compare lowercased text"})
 
 
 class SentenceBLEU:
-    """Sentence BLEU (sacrebleu, effective order) / 100, in [0, 1]."""
+    """Sentence BLEU (sacrebleu, effective order, case-sensitive) / 100, in [0, 1]."""
 
-    def __init__(self, lowercase: bool = False) -> None:
-        self.lowercase = lowercase
-        self.__doc__ = f"Sentence BLEU (sacrebleu, effective order, {'lowercased' if lowercase else 'case-sensitive'}) / 100."
-        self._metric = BLEU(lowercase=lowercase, effective_order=True)
+    parameters = BLEUParams
+
+    def __init__(self, params: BLEUParams | None = None) -> None:
+        self.params = params or self.parameters()
+        self._metric = BLEU(lowercase=self.params.lowercase, tokenize=self.params.tokenize, effective_order=True)
 
     def __call__(self, predictions: list[str], references: list[str]) -> list[float]:
         _check_lengths(predictions, references)
         return [self._metric.sentence_score(p, [r]).score / 100 for p, r in zip(predictions, references)]
+
+
+class LowercaseSentenceBLEU(SentenceBLEU):
+    """Sentence BLEU (sacrebleu, effective order, lowercased) / 100, in [0, 1]."""
+
+    parameters = LowercaseBLEUParams
 
 
 def normalise_text(text: str) -> str:
@@ -51,5 +78,5 @@ def _check_lengths(predictions: list[str], references: list[str]) -> None:
 @hookimpl
 def register_rewards(register: Callable[[str, object], None]) -> None:
     register("sentence_bleu", SentenceBLEU())
-    register("sentence_bleu_lowercase", SentenceBLEU(lowercase=True))
+    register("sentence_bleu_lowercase", LowercaseSentenceBLEU())
     register("exact_match", exact_match)

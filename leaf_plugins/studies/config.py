@@ -4,7 +4,8 @@
 output_dir: runs/studies/demo
 warm_start: configs/warm-start/tiny-qwen2-audio-translation.yaml   # optional
 base: {...}                                # a run config, as for `leaf train`
-grid: {estimator.name: [grpo, leaf]}       # the cross product of these values
+grid: {estimator.name: [grpo, leaf]}       # the cross product of these values (plugins.NAME.PARAM: a parameter
+                                           # of plugin NAME, which the run's plugins: must name)
 variations:                                # and/or a list of labelled settings
   - {label: GA only, estimator.params.terms: ga}
 seeds: [0, 1, 2]
@@ -40,8 +41,9 @@ from leaf_plugins.core.config import (build_collecting, format_errors, key_locat
 from leaf_plugins.core.errors import ConfigError, suggest
 from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.evaluation.text_metrics import METRICS
-from leaf_plugins.training.config import EstimatorConfig, TrainConfig, train_validators
+from leaf_plugins.training.config import EstimatorConfig, TrainConfig, named_parameter_problems, train_validators
 from leaf_plugins.training.estimator_switch import announce_dropped, apply_layer, estimator_problems
+from leaf_plugins.training.stage_plugins import apply_plugin_settings, plugin_setting
 from leaf_plugins.training.warm_start import WarmStartConfig, warm_start_validators
 
 __all__ = ["EvaluationSettings", "JudgeSettings", "JudgesSettings", "StudyConfig", "PlannedRun", "Study", "load_study",
@@ -174,8 +176,13 @@ def load_study(path: Path, overrides: Iterable[str] = (), host: PluginHost | Non
     where = str(path)
     data = load_yaml(path)
     settings, errors = parse_overrides(overrides)
-    found, switched = apply_layer(data, settings, where, host, run="base.")
+    sets_plugin = [key.startswith("base.") and plugin_setting(key.removeprefix("base.")) is not None
+                   for key, _, _ in settings]  # base.plugins.NAME.PARAM
+    found, switched = apply_layer(data, [s for s, plugin in zip(settings, sets_plugin) if not plugin], where, host,
+                                  run="base.")
     errors += found
+    base_plugin_settings = [(key.removeprefix("base."), value, at)  # set on each run's copy (a copy keeps no marks)
+                            for (key, value, at), plugin in zip(settings, sets_plugin) if plugin]
     dropped = [switched] if switched else []
     study, found = build_collecting(StudyConfig, data, where, {"evaluation.metrics": _known_metrics,
                                                                **_judge_validators()})
@@ -192,11 +199,18 @@ def load_study(path: Path, overrides: Iterable[str] = (), host: PluginHost | Non
     variations, found = _variations(data, where)
     errors += found
     runs, sections = [], []  # each run, and its estimator section as set (for the locations of its parameters)
+    reported: set[tuple[str, str]] = set()  # parameter problems of the other named objects, each reported once
     for label, settings, located in variations:
         for seed in study.seeds:
             tree = copy.deepcopy(base)
-            found, switched = apply_layer(tree, [(key, value, at) for key, (value, at) in located.items()], where, host)
+            layer = [(key, value, at) for key, (value, at) in located.items()]
+            found, switched = apply_layer(tree, [setting for setting in layer if not plugin_setting(setting[0])],
+                                          where, host)
             errors += found
+            for problem in apply_plugin_settings(tree, [*base_plugin_settings,
+                                                        *[setting for setting in layer if plugin_setting(setting[0])]]):
+                if problem not in errors:  # an override's mistake: once
+                    errors.append(problem)
             if switched:
                 dropped.append(dataclasses.replace(switched, switched_at=f"variation {label!r} ({switched.switched_at})"))
             set_dotted(tree, "seed", seed, f"{_key_where(data, 'seeds', where)}: seeds")
@@ -207,6 +221,10 @@ def load_study(path: Path, overrides: Iterable[str] = (), host: PluginHost | Non
             errors += found
             runs.append(PlannedRun(label, seed, config, settings))
             sections.append(tree.get("estimator") or {})
+            for at, message in named_parameter_problems(tree, where, host):
+                if (at, message) not in reported:  # a mistake in the base: once, with the first variation it spoils
+                    reported.add((at, message))
+                    errors.append(f"{at}: variation {label!r}: {message}")
     errors += _compare_to_problems(study.compare_to, runs, data, where)
     errors += _estimator_problems(runs, sections, where, host)
     if errors:
@@ -314,7 +332,7 @@ def _variations(data: CommentedMap, where: str) -> tuple[list[tuple[str, dict, d
         listed.append((str(label) if label is not None else None, settings))
     grid = data.get("grid") or CommentedMap()
     axes: list[list[tuple[str, Any, str]]] = []
-    for key in grid if isinstance(grid, CommentedMap) else []:
+    for key in grid if isinstance(grid, dict) else []:  # a file's mapping, or one given whole on the command line
         location = key_location(grid, key, where)
         problem = _key_problem(str(key))
         values = grid[key]
@@ -350,6 +368,8 @@ def _short(key: str) -> str:
 
 def _key_problem(key: str) -> str | None:
     """Why ``key`` (dotted) is not a run-config key, with a did-you-mean."""
+    if plugin_setting(key):
+        return None  # plugins.NAME.PARAM: checked against plugin NAME's parameters, once the run names it
     cls: Any = TrainConfig
     parts = key.split(".")
     for depth, part in enumerate(parts):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from leaf_plugins.analysis.forkability import forkability_from_batches
 from leaf_plugins.analysis.rollout_log import batches_from_groups, read_groups
@@ -33,6 +33,7 @@ DEFAULT_FORK_BUDGET = 2  # the paper's B, for a run whose config names none
 def evaluate_model(
     backbone: BackboneConfig, run_dir: Path | None, examples: Sequence[Example], settings: EvaluationSettings,
     out_dir: Path, baseline: Path | None = None, backend: str | None = None, stage: RolloutStage | None = None,
+    backend_params: Mapping[str, Any] | None = None,
 ) -> dict[str, float | str] | None:
     """Sample ``settings.runs`` predictions per example from the run's newest checkpoint
     (or the starting model when ``run_dir`` is None), write them to ``out_dir`` and return
@@ -52,7 +53,8 @@ def evaluate_model(
     apply_threads(None, policy.loaded.model, rows=settings.batch_prompts * settings.runs)  # as a run of it trains
     references = [example.reference for example in examples]
     runs = sample_predictions(policy, examples, settings.runs, settings.temperature, settings.top_p,
-                              settings.max_new_tokens, settings.batch_prompts, settings.seed, backend, stage)
+                              settings.max_new_tokens, settings.batch_prompts, settings.seed, backend, stage,
+                              backend_params)
     if launch_rank()[0] != 0:
         return None
     write_predictions(out_dir, examples, runs)

@@ -98,7 +98,7 @@ def _evaluate_start(study: Study, config: TrainConfig, held_out: list[Example]) 
     if not (directory / EVALUATION).exists():
         tqdm.write(f"evaluating the starting model (no RL) -> {directory}")
         metrics = evaluate_model(config.backbone, None, held_out, study.config.evaluation, directory,
-                                 backend=config.rollout.backend)
+                                 backend=config.rollout.backend, backend_params=config.rollout.backend_params)
         if metrics is not None:
             replace_text(directory / EVALUATION, json.dumps(metrics, indent=1))
     return directory / PREDICTIONS
@@ -127,7 +127,8 @@ def _evaluate(study: Study, run: PlannedRun, host: PluginHost, cache: dict) -> N
     baseline = _evaluate_start(study, config, held_out) if study.config.baseline else None
     started = time.perf_counter()
     metrics = evaluate_model(config.backbone, run.directory, held_out, settings, run.directory, baseline,
-                             backend=config.rollout.backend, stage=rollout_stage(config, host))
+                             backend=config.rollout.backend, stage=rollout_stage(config, host),
+                             backend_params=config.rollout.backend_params)
     if metrics is None:  # not the main process
         return
     metrics.update(training_summary(run.directory, settings))

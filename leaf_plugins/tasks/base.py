@@ -1,37 +1,7 @@
-"""The task protocol: a speech dataset with prompts, references and a reward."""
+"""The task protocol (defined in ``leaf_plugins.core.task``), where task plugins import it from."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Protocol, runtime_checkable
-
-if TYPE_CHECKING:
-    import numpy as np
+from leaf_plugins.core.task import SPLITS, Example, Task
 
 __all__ = ["Example", "Task", "SPLITS"]
-
-SPLITS = ("train", "validation", "test")
-
-
-@dataclass(frozen=True)
-class Example:
-    """One spoken example. ``prompt`` holds the ``<|audio|>`` placeholder."""
-
-    id: str
-    audio: "np.ndarray"  # [S] float32 waveform at 16 kHz
-    prompt: str
-    reference: str
-    duration: float  # seconds
-
-
-@runtime_checkable
-class Task(Protocol):
-    """A registered task (``register_tasks``). ``reward`` names a registered reward
-    (``sentence_bleu`` by default)."""
-
-    reward: str
-
-    def load(self, split: str, **options: Any) -> "list[Example] | Iterator[Example]":
-        """Examples of ``split`` (one of ``SPLITS``). ``options`` come from the run config
-        (local paths, hub id, limits); unknown options are an error."""
-        ...

@@ -20,7 +20,6 @@ from leaf_plugins.tasks.examples import ExampleList, Record, apply_filters
 from leaf_plugins.tasks.filters import LONG_FORM_MAX_SECONDS
 from leaf_plugins.tasks.hub import hub_rows
 from leaf_plugins.tasks.options import Option, parse_options
-from leaf_plugins.tasks.prepared import prepared_records
 from leaf_plugins.tasks.rows import json_rows
 from leaf_plugins.tasks.splits import check_fractions, check_split
 
@@ -33,7 +32,6 @@ HUB = Option("hub", "str", None, "Hugging Face hub id of the source metadata (ne
 class PaperTask(ABC):
     """Common loading: options, source choice, the paper's filters, filtered counts."""
 
-    reward = "sentence_bleu"
     name = ""
     options: tuple[Option, ...] = ()
     local_options: tuple[str, ...] = ()  # options whose presence selects the public source's files
@@ -65,6 +63,8 @@ class PaperTask(ABC):
             problem = "no data source given" if not chosen else f"give one data source, not {' and '.join(chosen)}"
             raise ConfigError(f"task {self.name!r}: {problem}. {self.sources_help}")
         if values["prepared"] is not None:
+            from leaf_plugins.tasks.prepared import prepared_records  # pyarrow: imported when a prepared set is read
+
             records, source = prepared_records(values["prepared"], split, values["validation_fraction"])
             return records, source, {}
         if values["hub"] is not None:

@@ -20,10 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
-
-import numpy as np
-import soundfile
+from typing import TYPE_CHECKING, Any, Callable
 
 from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.core.hookspecs import hookimpl
@@ -33,6 +30,9 @@ from leaf_plugins.tasks.options import Option, parse_options
 from leaf_plugins.tasks.prompts import qa_prompt, translation_prompt
 from leaf_plugins.tasks.resample import resample
 from leaf_plugins.tasks.splits import check_split
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["SpokenTask", "Build", "translation_items", "qa_items", "synthesise", "cache_root", "resample",
            "ESPEAK_INSTALL"]
@@ -119,7 +119,6 @@ class Build:
 class SpokenTask:
     """A built-in spoken task (``spoken-translation`` or ``spoken-qa``); see ``OPTIONS``."""
 
-    reward = "sentence_bleu"
     options = (
         Option("seed", "int", 0, "seed of the items, voices and rates"),
         Option("size", "int", 320, "examples in all splits"),
@@ -172,6 +171,7 @@ class SpokenTask:
         return {"train": size - validation - test, "validation": validation, "test": test}
 
     def _build(self, directory: Path, seed: int, sizes: dict[str, int], workers: int) -> None:
+        import soundfile
         from tqdm import tqdm
 
         require_espeak()
@@ -210,6 +210,8 @@ def require_espeak() -> None:
 
 def synthesise(text: str, voice: str, rate: int) -> np.ndarray:
     """``text`` spoken by espeak-ng (voice, words per minute): [S] float32 at 16 kHz."""
+    import soundfile
+
     require_espeak()
     done = subprocess.run(["espeak-ng", "-v", voice, "-s", str(rate), "--stdout", text], capture_output=True)
     if done.returncode != 0:

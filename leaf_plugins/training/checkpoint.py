@@ -10,6 +10,9 @@ A checkpoint ``checkpoint-<step>/`` holds:
   schedule's state and (unsharded runs) the optimizer's state dict;
 * ``rng-rank<r>.pt``: the Python, NumPy and torch RNG states of process ``r``, one file
   per process;
+* ``plugins/<name>.pt``: the state of each plugin named in ``plugins:`` that returns one
+  from its ``save_plugin_state`` hook (written by the main process, read by every
+  process on resume);
 * ``sharded/`` (``sharding: fsdp2`` only): a ``torch.distributed.checkpoint`` of the
   adapter's and the optimizer's shards, each process writing its own, which a resume
   loads back into the shards.
@@ -24,9 +27,10 @@ deleted after the rename.
 from __future__ import annotations
 
 import random
+import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import torch
@@ -37,7 +41,10 @@ from leaf_plugins.training.optimization import inner_optimizer
 from leaf_plugins.training.sharding import is_sharded
 
 __all__ = ["KEEP_ALL", "keep_checkpoints_problem", "save_checkpoint", "latest_checkpoint", "load_checkpoint",
-           "remove_partials"]
+           "remove_partials", "PLUGIN_STATES", "plugin_state_file", "load_plugin_states"]
+
+PLUGIN_STATES = "plugins"
+"""The directory of a checkpoint holding the named plugins' own states."""
 
 KEEP_ALL = "all"
 """``keep_checkpoints: all``: no checkpoint is deleted."""
@@ -67,7 +74,8 @@ class _Processes:
 
 
 def save_checkpoint(directory: Path, step: int, model: Any, optimizer: torch.optim.Optimizer,
-                    accelerator: Any | None = None, scheduler: Any | None = None, keep: int | str = 1) -> Path:
+                    accelerator: Any | None = None, scheduler: Any | None = None, keep: int | str = 1,
+                    plugin_states: Mapping[str, Any] | None = None) -> Path:
     """Write ``checkpoint-<step>`` atomically and keep the newest ``keep`` checkpoints
     (``KEEP_ALL``: all). Called by every process of the run at once (it synchronises
     them); ``model`` is the PeftModel, FSDP2-sharded or not. A step is written once: when
@@ -78,6 +86,8 @@ def save_checkpoint(directory: Path, step: int, model: Any, optimizer: torch.opt
     :param accelerator: the run's ``Accelerator`` (its process index and count, and the
         barrier); None: a single process.
     :param scheduler: the run's learning-rate schedule (``optimization.build_schedule``).
+    :param plugin_states: plugin name -> its state (``save_plugin_state``), written by
+        the main process into ``plugins/`` (``plugin_state_file``).
     """
     processes = _Processes(accelerator)
     target = directory / f"checkpoint-{step:08d}"
@@ -98,6 +108,9 @@ def save_checkpoint(directory: Path, step: int, model: Any, optimizer: torch.opt
         state = {"step": step, "world_size": processes.world, "sharding": "fsdp2" if sharded else "none",
                  **({"scheduler": scheduler.state_dict()} if scheduler is not None else {})}
         torch.save(state if sharded else {**state, "optimizer": optimizer.state_dict()}, partial / "state.pt")
+        for name, plugin_state in (plugin_states or {}).items():
+            (partial / PLUGIN_STATES).mkdir(exist_ok=True)
+            torch.save(plugin_state, partial / plugin_state_file(name))
     torch.save(_rng_state(), partial / f"rng-rank{processes.rank}.pt")
     processes.barrier()  # every process's files are written
     if processes.main:
@@ -107,6 +120,18 @@ def save_checkpoint(directory: Path, step: int, model: Any, optimizer: torch.opt
         _prune(directory, target, keep)
     processes.barrier()  # the checkpoint exists for every process
     return target
+
+
+def plugin_state_file(name: str) -> str:
+    """The path of plugin ``name``'s state in a checkpoint (relative to it)."""
+    return f"{PLUGIN_STATES}/{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.pt"
+
+
+def load_plugin_states(path: Path, names: Iterable[str]) -> dict[str, Any]:
+    """The states the checkpoint ``path`` holds of the plugins ``names`` (a plugin
+    without a saved state is left out)."""
+    files = {name: Path(path) / plugin_state_file(name) for name in names}
+    return {name: torch.load(file, weights_only=False) for name, file in files.items() if file.exists()}
 
 
 def _save_sharded(partial: Path, model: Any, optimizer: torch.optim.Optimizer, processes: _Processes) -> None:

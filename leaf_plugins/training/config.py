@@ -8,6 +8,7 @@ from typing import Any, Callable, Iterable
 
 from leaf_plugins.core.config import build_collecting, format_errors, key_location, load_yaml, parse_overrides
 from leaf_plugins.core.errors import ConfigError, LeafError
+from leaf_plugins.core.parameters import configured, declared_parameters, located_parameter_problems
 from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.training.aggregation import LOSS_AGGREGATIONS
 from leaf_plugins.training.checkpoint import keep_checkpoints_problem
@@ -16,13 +17,14 @@ from leaf_plugins.training.finite import NONFINITE_REWARD_POLICIES
 from leaf_plugins.training.loss import OLD_LOGPROB_SOURCES
 from leaf_plugins.training.optimization import LR_SCHEDULES
 from leaf_plugins.training.ranges import RUN_RANGES
-from leaf_plugins.training.rollout import SURPRISAL_SOURCES
+from leaf_plugins.rollout.sampling import SURPRISAL_SOURCES
 from leaf_plugins.training.sharding import SHARDING_MODES
-from leaf_plugins.training.stage_plugins import plugins_validator
+from leaf_plugins.training.stage_plugins import (apply_plugin_settings, plugin_parameter_problems, plugin_setting,
+                                                 plugins_validator)
 
 __all__ = [
     "BackboneConfig", "TaskConfig", "EstimatorConfig", "RolloutConfig", "OptimConfig", "LoraSettings", "TrainConfig",
-    "load_train_config", "registered", "train_validators", "task_examples",
+    "load_train_config", "registered", "train_validators", "task_examples", "named_parameter_problems",
 ]
 
 
@@ -38,7 +40,8 @@ class BackboneConfig:
 class TaskConfig:
     name: str = "spoken-translation"
     split: str = "train"
-    options: dict[str, Any] = field(default_factory=dict)  # local paths, sizes… (the task's own options)
+    options: dict[str, Any] = field(default_factory=dict)  # local paths, sizes… (the task's own options; for a
+    # task that declares a `parameters` dataclass, its parameters, validated against it)
 
 
 @dataclass
@@ -59,6 +62,8 @@ class RolloutConfig:
     surprisal_from: str = "sampling"
     backend: str | None = None  # a registered rollout backend: static (our decode loop), generate (Hugging Face),
     # or a package's (`leaf plugins --kind rollout_backend`); unset: static where supported
+    backend_params: dict[str, Any] = field(default_factory=dict)  # the parameters of rollout.backend (one that
+    # declares a `parameters` dataclass; needs rollout.backend set)
 
 
 @dataclass
@@ -104,8 +109,11 @@ class TrainConfig:
     nonfinite_rewards: str = "error"  # a NaN/inf reward stops the run, or drop_group: its group is left out
     threads: int | None = None  # torch's CPU threads; unset: chosen from the model and usable cores (training/threads.py)
     reward: str = "sentence_bleu"
-    plugins: list[str] = field(default_factory=list)  # plugins whose run-time hooks (rollout, score_rollouts,
-    # compute_loss, on_step_end, on_estimate) this run uses: leaf_plugins entry-point names or module paths
+    reward_params: dict[str, Any] = field(default_factory=dict)  # the parameters of `reward` (one that declares a
+    # `parameters` dataclass)
+    plugins: list[str | dict[str, Any]] = field(default_factory=list)  # plugins whose run-time hooks (rollout,
+    # score_rollouts, compute_loss, on_step_end, on_estimate, the lifecycle hooks) this run uses: leaf_plugins
+    # entry-point names or module paths, each a name or {name: NAME, params: {...}}
     backbone: BackboneConfig = field(default_factory=BackboneConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
@@ -115,9 +123,12 @@ class TrainConfig:
 
 
 def task_examples(task: TaskConfig, split: str | None = None, host: PluginHost | None = None) -> list:
-    """The examples of ``split`` (default: ``task.split``) of the configured task, loaded
-    with the task's own options."""
+    """The examples of ``split`` (default: ``task.split``) of the configured task: a task
+    that declares ``parameters`` is built with them (``task.options``) and loads
+    ``load(split)``; any other gets its options as keywords, ``load(split, **options)``."""
     plugin = (host or get_host()).tasks.get(task.name)
+    if declared_parameters("task", task.name, plugin) is not None:
+        return list(configured("task", task.name, plugin, task.options).load(split or task.split))
     return list(plugin.load(split or task.split, **task.options))
 
 
@@ -135,17 +146,66 @@ def load_train_config(path: Path, overrides: Iterable[str] = (), host: PluginHos
     where = str(path)
     data = load_yaml(path)
     settings, errors = parse_overrides(overrides)
-    found, dropped = apply_layer(data, settings, where, host)
+    plugin_settings = [setting for setting in settings if plugin_setting(setting[0])]
+    found, dropped = apply_layer(data, [setting for setting in settings if setting not in plugin_settings], where, host)
+    found += apply_plugin_settings(data, plugin_settings)
     config, built = build_collecting(TrainConfig, data, where, train_validators(host))
     errors += found + built
     errors += [f"{at}: {message}"
                for at, message in estimator_problems(data.get("estimator"), where, host, EstimatorConfig.name)]
+    errors += [f"{at}: {message}" for at, message in named_parameter_problems(data, where, host)]
     if not errors:
         errors += _mini_batch_problems(config, data, where)
     if errors:
         raise ConfigError(format_errors(where, errors))
     announce_dropped([dropped] if dropped else [])
     return config
+
+
+def named_parameter_problems(data: Any, where: str, host: PluginHost, prefix: str = "") -> list[tuple[str, str]]:
+    """``(location, message)`` of every problem of the parameters a run config (``data``,
+    read from ``where``) gives the objects it names, other than the estimator: each
+    ``plugins`` entry's ``params``, ``reward_params``, ``rollout.backend_params``, and
+    ``task.options`` of a task that declares parameters. Each is checked against the
+    named object's ``parameters`` dataclass as an estimator's are; a name that is not
+    registered is left to the config's own checks.
+
+    :param prefix: the dotted path of the run config in its file (``base.`` in a study),
+        before each message's key."""
+    if not isinstance(data, dict):
+        return []
+
+    def here(node: Any, key: str) -> str:
+        return key_location(node, key, where) if isinstance(node, dict) and key in node else where
+
+    problems = [(at, prefix + message) for at, message in
+                plugin_parameter_problems(data.get("plugins"), where, here(data, "plugins"), host)]
+    reward = data.get("reward", TrainConfig.reward)
+    if isinstance(reward, str) and reward in host.rewards:
+        problems += [(at, prefix + message) for at, message in located_parameter_problems(
+            "reward", reward, host.rewards.get(reward), data.get("reward_params"), "reward_params", where,
+            here(data, "reward_params"))]
+    rollout = data.get("rollout") if isinstance(data.get("rollout"), dict) else {}
+    backend, backend_params = rollout.get("backend"), rollout.get("backend_params")
+    if backend is None and backend_params:
+        problems.append((here(rollout, "backend_params"), f"{prefix}rollout.backend_params: name the backend they are "
+                                                          f"for in rollout.backend"))
+    elif isinstance(backend, str) and backend in host.rollout_backends:
+        problems += [(at, prefix + message) for at, message in located_parameter_problems(
+            "rollout backend", backend, host.rollout_backends.get(backend), backend_params, "rollout.backend_params",
+            where, here(rollout, "backend_params"))]
+    task = data.get("task") if isinstance(data.get("task"), dict) else {}
+    name = task.get("name", TaskConfig.name)
+    if isinstance(name, str) and name in host.tasks:
+        plugin = host.tasks.get(name)
+        try:
+            declares = declared_parameters("task", name, plugin) is not None
+        except ConfigError as error:
+            return problems + [(here(task, "name"), f"{prefix}task.name: {error}")]
+        if declares:
+            problems += [(at, prefix + message) for at, message in located_parameter_problems(
+                "task", name, plugin, task.get("options"), "task.options", where, here(task, "options"))]
+    return problems
 
 
 def _mini_batch_problems(config: TrainConfig, data: Any, where: str) -> list[str]:

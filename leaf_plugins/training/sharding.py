@@ -18,7 +18,7 @@ micro-batch (``gradients_accumulated_locally``).
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 import torch
 from accelerate import Accelerator
@@ -27,11 +27,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from leaf_plugins.core.errors import ConfigError
-from leaf_plugins.training.prompt_embedding import language_model_of
+from leaf_plugins.rollout.prompt_embedding import language_model_of
 from leaf_plugins.training.whole_step import micro_batch_numbers, mini_batch_positions, prompt_share
 
-if TYPE_CHECKING:
-    from leaf_plugins.training.config import TrainConfig
 
 __all__ = ["SHARDING_MODES", "shard_policy", "check_equal_passes", "is_sharded", "prepare_training",
            "gradients_accumulated_locally"]
@@ -41,10 +39,13 @@ SHARDING_MODES = ("none", "fsdp2")
 ``fsdp2``: parameters, gradients and optimizer states sharded over the processes."""
 
 
-def shard_policy(model: torch.nn.Module, accelerator: Accelerator, config: TrainConfig) -> torch.nn.Module:
+def shard_policy(model: torch.nn.Module, accelerator: Accelerator, prompts_per_step: int, micro_batch_prompts: int,
+                 mini_batches: int = 1) -> torch.nn.Module:
     """``model`` (a PeftModel, LoRA attached, activation checkpointing already set) with
     FSDP2 applied per decoder layer of its language model, then at the root, over all the
     run's processes; the parameters move to ``accelerator.device`` as they are sharded.
+    ``prompts_per_step``, ``micro_batch_prompts`` and ``mini_batches`` are the run's
+    (``check_equal_passes``).
 
     :raises ConfigError: on one process (nothing to shard over), when accelerate was
         launched with its own FSDP or DeepSpeed configuration (it would wrap the model
@@ -58,8 +59,7 @@ def shard_policy(model: torch.nn.Module, accelerator: Accelerator, config: Train
         raise ConfigError(f"sharding: fsdp2 shards the model itself, but accelerate was launched with "
                           f"distributed_type {accelerator.distributed_type.value}, which would wrap it again: launch "
                           f"with torchrun or `accelerate launch --multi_gpu` instead of an FSDP/DeepSpeed config")
-    check_equal_passes(config.rollout.prompts_per_step, config.optim.micro_batch_prompts, accelerator.num_processes,
-                       config.optim.mini_batches)
+    check_equal_passes(prompts_per_step, micro_batch_prompts, accelerator.num_processes, mini_batches)
     mesh = init_device_mesh(accelerator.device.type, (accelerator.num_processes,))
     for layer in language_model_of(model).layers:
         fully_shard(layer, mesh=mesh)

@@ -1,13 +1,25 @@
-"""The plugins a run config enables (``plugins: [name, ...]``): resolved, guarded, recorded.
+"""The plugins a run config enables (``plugins:``): resolved, configured, guarded, recorded.
 
-A name is an entry point of the ``leaf_plugins`` group (an installed package) or an
-importable module path (a plugin that is not packaged). Such a plugin implements some
-run-time hooks (``RUN_HOOKS``): it is registered on the run's plugin manager ahead of the
-built-in stages, so its ``rollout``, ``score_rollouts`` or ``compute_loss`` replaces
-theirs (of two named plugins, the one named first wins). An installed plugin that is not
+An entry of ``plugins:`` is a name, or ``{name: NAME, params: {...}}`` for a plugin that
+declares parameters. A name is an entry point of the ``leaf_plugins`` group (an installed
+package) or an importable module path, optionally ``module.path:Attribute`` (a plugin
+that is not packaged). What it names is a module, an object, or a class: a class is
+instantiated for the run, with an instance of its ``parameters`` dataclass (built from
+``params``, validated like an estimator's parameters) when it declares one, with no
+argument otherwise. A module or object takes no parameters.
+
+Such a plugin implements some run-time hooks (``RUN_HOOKS``): it is registered on the
+run's plugin manager ahead of the built-in stages, so its ``rollout``, ``score_rollouts``
+or ``compute_loss`` replaces theirs (of two named plugins, the one named first wins), and
+it alone receives the lifecycle hooks (run start and end, each optimizer step, its state
+saved with each checkpoint and restored on resume). An installed plugin that is not
 named is never used in a run. Every hook call of a named plugin is guarded: an exception
 becomes a ``PluginStageError`` naming the plugin, the hook and the step, which ``leaf``
 prints as one line; the run's checkpoints stay as they were, so the same command resumes.
+
+A study varies a named plugin's parameter with the key ``plugins.NAME.PARAM`` (in
+``grid``, a variation or an override of ``leaf train`` / ``leaf study``): the run's entry
+for plugin ``NAME`` gets ``params.PARAM`` (``plugin_setting``).
 """
 
 from __future__ import annotations
@@ -21,23 +33,30 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import pluggy
+from ruamel.yaml.comments import CommentedMap
 
+from leaf_plugins.core.config import key_location, set_dotted
 from leaf_plugins.core.engine import STAGES
 from leaf_plugins.core.errors import ConfigError, LeafError, suggest
 from leaf_plugins.core.hookspecs import PROJECT, LeafSpecs
+from leaf_plugins.core.parameters import (ParameterSchema, configured, declared_parameters,
+                                          located_parameter_problems)
 from leaf_plugins.core.plugins import PluginHost
 from leaf_plugins.core.stages import Rollout, StepContext
 
-__all__ = ["RUN_HOOKS", "PLUGINS_RECORD", "StagePlugin", "PluginStageError", "resolve_plugin",
-           "resolve_plugins", "run_hooks_of", "plugins_validator", "guarded", "register_stage_plugins",
+__all__ = ["RUN_HOOKS", "LIFECYCLE_HOOKS", "PLUGINS_RECORD", "StagePlugin", "PluginStageError", "plugin_entry",
+           "resolve_plugin", "resolve_plugins", "run_hooks_of", "plugins_validator", "plugin_parameter_problems",
+           "plugin_setting", "apply_plugin_settings", "guarded", "call_plugin", "register_stage_plugins",
            "record_plugins", "RolloutStage", "rollout_stage"]
 
-RUN_HOOKS = ("rollout", "score_rollouts", "compute_loss", "on_step_end", "on_estimate")
+LIFECYCLE_HOOKS = ("on_run_start", "on_run_end", "on_optimizer_step", "save_plugin_state", "load_plugin_state")
+RUN_HOOKS = ("rollout", "score_rollouts", "compute_loss", "on_step_end", "on_estimate", *LIFECYCLE_HOOKS)
 PLUGINS_RECORD = "plugins.json"  # in the run's output directory
-_MODULE_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+_MODULE_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(:[A-Za-z_]\w*)?$")
+_ENTRY_KEYS = ("name", "params")
 
 
 class PluginStageError(LeafError):
@@ -46,67 +65,113 @@ class PluginStageError(LeafError):
 
 @dataclass(frozen=True)
 class StagePlugin:
-    """A plugin a run config names, resolved."""
+    """A plugin a run config names, resolved (and, a class, instantiated)."""
 
     name: str  # as the run config names it
     distribution: str | None  # the package it comes from (None: a module outside any installed package)
     version: str | None
-    plugin: object  # the module or object whose hookimpls run
+    plugin: object  # the module, object or class instance whose hookimpls run
     impls: tuple[tuple[str, str, dict[str, Any]], ...]  # (attribute, hook, hookimpl options) of its run-time hooks
+    params: Any = None  # the instance of its parameters dataclass (None: it declares none)
 
     @property
     def hooks(self) -> list[str]:
         return sorted({hook for _, hook, _ in self.impls})
 
     def record(self) -> dict[str, Any]:
-        """What ``plugins.json`` says of it."""
-        return {"name": self.name, "distribution": self.distribution, "version": self.version, "hooks": self.hooks}
+        """What ``plugins.json`` says of it (its parameters too, when it declares some)."""
+        record = {"name": self.name, "distribution": self.distribution, "version": self.version, "hooks": self.hooks}
+        if self.params is not None:
+            record["params"] = dataclasses.asdict(self.params)
+        return record
 
 
-def resolve_plugins(names: Sequence[str], host: PluginHost) -> list[StagePlugin]:
-    """Each name resolved (``resolve_plugin``); a name given twice is an error."""
-    repeated = sorted({name for name in names if list(names).count(name) > 1})
+def plugin_entry(entry: Any) -> tuple[str, dict[str, Any]]:
+    """``(name, params)`` of an entry of ``plugins:``: a name, or ``{name:, params:}``.
+
+    :raises ConfigError: any other shape, saying what to write."""
+    if isinstance(entry, str):
+        return entry, {}
+    if isinstance(entry, Mapping):
+        unknown = [key for key in entry if key not in _ENTRY_KEYS]
+        if unknown:
+            raise ConfigError(f"a plugins entry has the keys name and params, got {unknown[0]!r}."
+                              f"{suggest(str(unknown[0]), _ENTRY_KEYS)}")
+        params = entry.get("params") or {}
+        if not isinstance(params, Mapping):
+            raise ConfigError(f"plugin {entry.get('name')!r}: params must be a mapping, got {params!r}")
+        return entry.get("name"), dict(params)
+    raise ConfigError(f"a plugins entry is a name or {{name: NAME, params: {{...}}}}, got {entry!r}")
+
+
+def resolve_plugins(entries: Sequence[Any], host: PluginHost) -> list[StagePlugin]:
+    """Each entry of ``plugins:`` resolved and configured (``resolve_plugin``); a name
+    given twice is an error."""
+    return [resolve_plugin(name, host, params) for name, params in _entries(entries)]
+
+
+def _entries(entries: Sequence[Any]) -> list[tuple[str, dict[str, Any]]]:
+    """``(name, params)`` of every entry (``plugin_entry``); a name given twice is an error."""
+    named = [plugin_entry(entry) for entry in entries]
+    names = [name for name, _ in named]
+    repeated = sorted({name for name in names if isinstance(name, str) and names.count(name) > 1})
     if repeated:
         raise ConfigError(f"plugin {repeated[0]!r} is named twice")
-    return [resolve_plugin(name, host) for name in names]
+    return named
 
 
-def resolve_plugin(name: str, host: PluginHost) -> StagePlugin:
-    """The plugin ``name`` names: an installed entry point of the ``leaf_plugins`` group,
-    else an importable module.
+def resolve_plugin(name: str, host: PluginHost, params: Mapping[str, Any] | None = None) -> StagePlugin:
+    """The plugin ``name`` names (an installed entry point of the ``leaf_plugins`` group,
+    else an importable module or ``module:Attribute``), configured with ``params``.
 
     :raises ConfigError: not installed and not a module (with a did-you-mean and the
         installed plugins that have run-time hooks), an installed plugin that failed to
-        load, a module that raises on import, or a plugin with no run-time hook or with
-        an estimator stage.
+        load, a module that raises on import, a plugin with no run-time hook or with an
+        estimator stage, or parameters it does not take (every problem at once).
     """
+    plugin, distribution = _locate(name, host)
+    impls = _run_impls(name, plugin)
+    instance = configured("plugin", name, plugin, params)
+    if isinstance(instance, type):  # a class without parameters
+        instance = instance()
+    declared = declared_parameters("plugin", name, plugin)
+    values = None if declared is None else ParameterSchema({name: declared}, "plugin").build(params or {})[name]
+    return StagePlugin(name, distribution, _version(distribution), instance, impls, values)
+
+
+def _locate(name: Any, host: PluginHost) -> tuple[object, str | None]:
+    """What ``name`` names and the package it comes from."""
     if not isinstance(name, str) or not name:
         raise ConfigError(f"a plugin is named by a non-empty string, got {name!r}")
     failed = dict(host.failures)
     if name in host.loaded:
         loaded = host.loaded[name]
-        distribution = None if loaded.distribution == "extra" else loaded.distribution
-        plugin: object = loaded.plugin
-    elif name in failed:
+        return loaded.plugin, None if loaded.distribution == "extra" else loaded.distribution
+    if name in failed:
         raise ConfigError(f"plugin {name!r} is installed but failed to load: {failed[name]}")
-    else:
-        plugin = _import(name, host)
-        distribution = _distribution_of(name)
-    impls = _run_impls(name, plugin)
-    return StagePlugin(name, distribution, _version(distribution), plugin, impls)
+    return _import(name, host), _distribution_of(name)
 
 
 def _import(name: str, host: PluginHost) -> object:
-    """The module ``name``, or the ``ConfigError`` of a name that is neither installed nor
-    importable, or of a module that fails to import."""
+    """The module ``name`` (or its attribute, for ``module:Attribute``), or the
+    ``ConfigError`` of a name that is neither installed nor importable, or of a module
+    that fails to import."""
     if _MODULE_PATH.match(name):
+        module_name, _, attribute = name.partition(":")
         try:
-            return importlib.import_module(name)
+            module = importlib.import_module(module_name)
         except ModuleNotFoundError as error:
-            if error.name is None or not (name == error.name or name.startswith(error.name + ".")):
+            if error.name is None or not (module_name == error.name or module_name.startswith(error.name + ".")):
                 raise ConfigError(f"plugin module {name!r} failed to import: ModuleNotFoundError: {error}") from None
         except Exception as error:  # the module itself is broken: say how
             raise ConfigError(f"plugin module {name!r} failed to import: {type(error).__name__}: {error}") from None
+        else:
+            if not attribute:
+                return module
+            if not hasattr(module, attribute):
+                raise ConfigError(f"plugin {name!r}: module {module_name!r} has no attribute {attribute!r}."
+                                  f"{suggest(attribute, [a for a in dir(module) if not a.startswith('_')])}")
+            return getattr(module, attribute)
     usable = sorted(loaded.name for loaded in host.loaded.values() if run_hooks_of(loaded.plugin))
     raise ConfigError(f"unknown plugin {name!r}: not an installed leaf_plugins entry point nor an importable module."
                       f"{suggest(name, list(host.loaded))} Installed plugins with run-time hooks: "
@@ -163,16 +228,78 @@ def _version(distribution: str | None) -> str | None:
 
 
 def plugins_validator(host: PluginHost) -> Callable[[Any], str | None]:
-    """A config validator of ``plugins``: every name resolves (the first error)."""
+    """A config validator of ``plugins``: every entry has the shape of one and its name
+    resolves (the first error); the parameters are ``plugin_parameter_problems``'."""
 
-    def check(names: Any) -> str | None:
+    def check(entries: Any) -> str | None:
         try:
-            resolve_plugins(list(names), host)
+            for name, _ in _entries(entries):
+                _run_impls(name, _locate(name, host)[0])
         except ConfigError as error:
             return str(error)
         return None
 
     return check
+
+
+def plugin_parameter_problems(entries: Any, where: str, at: str, host: PluginHost) -> list[tuple[str, str]]:
+    """``(location, message)`` of every parameter problem of the ``plugins:`` entries
+    ``entries`` (as read from ``where``), each at the key that gave it (or its override);
+    entries whose name does not resolve are left to ``plugins_validator``.
+
+    :param at: the location of ``plugins`` itself."""
+    problems: list[tuple[str, str]] = []
+    for entry in entries if isinstance(entries, list) else []:
+        if not isinstance(entry, Mapping):
+            continue
+        try:
+            name, _ = plugin_entry(entry)
+            plugin, _ = _locate(name, host)
+        except ConfigError:
+            continue
+        problems += located_parameter_problems("plugin", name, plugin, entry.get("params"), f"plugins[{name}].params",
+                                               where, key_location(entry, "params", at) if "params" in entry else at)
+    return problems
+
+
+def plugin_setting(key: str) -> tuple[str, str] | None:
+    """``(plugin name, parameter)`` of a setting ``plugins.NAME.PARAM`` (``NAME`` may
+    hold dots: a module path), None for any other key."""
+    prefix, _, rest = key.partition(".")
+    name, _, parameter = rest.rpartition(".")
+    return (name, parameter) if prefix == "plugins" and name and parameter else None
+
+
+def apply_plugin_settings(data: Any, settings: Iterable[tuple[str, Any, str]], run: str = "") -> list[str]:
+    """Set each ``(plugins.NAME.PARAM, value, source)`` setting on the entry of plugin
+    ``NAME`` in ``data``'s ``plugins:`` (under the dotted ``run`` path); a name entry
+    becomes ``{name:, params:}``. Return the errors, each at its source: a plugin the
+    run does not name."""
+    errors = []
+    section = data
+    for part in [p for p in run.split(".") if p]:
+        section = section.get(part) if isinstance(section, Mapping) else None
+    entries = section.get("plugins") if isinstance(section, Mapping) else None
+    for key, value, source in settings:
+        name, parameter = plugin_setting(key)
+        names = [entry if isinstance(entry, str) else entry.get("name") if isinstance(entry, Mapping) else None
+                 for entry in entries or []]
+        if name not in names:
+            errors.append(f"{source}: {key}: plugin {name!r} is not named in this run's plugins "
+                          f"({', '.join(map(str, names)) or 'none'}): name it there to set its parameters."
+                          f"{suggest(name, [str(n) for n in names])}")
+            continue
+        index = names.index(name)
+        entry = entries[index]
+        if isinstance(entry, str):
+            entry = CommentedMap([("name", entry)])
+            entries[index] = entry
+        params = entry.get("params")
+        if not isinstance(params, dict):
+            params = CommentedMap()
+            entry["params"] = params
+        set_dotted(params, parameter, value, source)  # its errors are reported at the setting's source
+    return errors
 
 
 def guarded(plugin: StagePlugin) -> object:
@@ -193,11 +320,11 @@ def _reporting(impl: Callable[..., Any], name: str, hook: str) -> Callable[..., 
     names = tuple(inspect.signature(impl).parameters)
 
     @functools.wraps(impl)  # pluggy reads the argument names through the wrapper
-    def call(*args: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
         try:
-            return impl(*args)
+            return impl(*args, **kwargs)
         except Exception as error:
-            values = dict(zip(names, args))
+            values = {**dict(zip(names, args)), **kwargs}
             context = values.get("context")
             step = context.step + 1 if isinstance(context, StepContext) else values.get("step")
             at = f" at step {step}" if isinstance(step, int) else ""
@@ -205,6 +332,17 @@ def _reporting(impl: Callable[..., Any], name: str, hook: str) -> Callable[..., 
                                    f"{type(error).__name__}: {error}") from error
 
     return call
+
+
+def call_plugin(plugin: StagePlugin, hook: str, **kwargs: Any) -> tuple[bool, Any]:
+    """Call ``plugin``'s own implementation of ``hook`` alone, guarded like its other
+    hooks: ``(True, result)``, or ``(False, None)`` when it does not implement it."""
+    for attribute, implemented, _ in plugin.impls:
+        if implemented == hook:
+            impl = getattr(plugin.plugin, attribute)
+            accepted = inspect.signature(impl).parameters
+            return True, _reporting(impl, plugin.name, hook)(**{k: v for k, v in kwargs.items() if k in accepted})
+    return False, None
 
 
 def register_stage_plugins(manager: pluggy.PluginManager, plugins: Iterable[StagePlugin]) -> None:

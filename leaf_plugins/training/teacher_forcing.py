@@ -24,8 +24,8 @@ import inspect
 
 import torch
 
-from leaf_plugins.training.checkpointing import activation_checkpointing_enabled
-from leaf_plugins.training.prompt_embedding import (
+from leaf_plugins.training.activation_checkpointing import activation_checkpointing_enabled
+from leaf_plugins.rollout.prompt_embedding import (
     backbone_model_of,
     embed_prompts,
     head_on_positions,
@@ -75,7 +75,7 @@ def response_logprobs(
 def shares_prefix(model: torch.nn.Module, rows: int, prompts: int) -> bool:
     """Whether the shared-prefix pass runs: it saves work (``rows > prompts``) and the
     model keeps its cache in this pass (transformers drops it where checkpointed layers
-    record gradients; the no-grad reference pass runs them plainly, ``checkpointing.py``)."""
+    record gradients; the no-grad reference pass runs them plainly, ``activation_checkpointing.py``)."""
     recomputing = (backbone_model_of(model).training and torch.is_grad_enabled()
                    and activation_checkpointing_enabled(model))
     return rows > prompts and not recomputing

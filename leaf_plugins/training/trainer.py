@@ -31,25 +31,28 @@ from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.core.hookspecs import hookimpl
 from leaf_plugins.core.interrupts import deferred_interrupts
 from leaf_plugins.core.plugins import PluginHost, get_host
-from leaf_plugins.core.stages import PolicyLoss, Rollout, StepContext
+from leaf_plugins.core.parameters import configured
+from leaf_plugins.core.stages import PolicyLoss, Rollout, RolloutRequest, StepContext
 from leaf_plugins.tasks.base import Example
-from leaf_plugins.training.checkpoint import latest_checkpoint, load_checkpoint, remove_partials, save_checkpoint
+from leaf_plugins.training.checkpoint import (latest_checkpoint, load_checkpoint, load_plugin_states, remove_partials,
+                                              save_checkpoint)
 from leaf_plugins.training.config import TrainConfig
-from leaf_plugins.training.checkpointing import enable_activation_checkpointing
+from leaf_plugins.training.activation_checkpointing import enable_activation_checkpointing
 from leaf_plugins.training.durable import truncate_log
 from leaf_plugins.training.environment import record_environment
 from leaf_plugins.training.finite import bad_reward_prompts, scorer_name
-from leaf_plugins.training.generation_weights import gathered_for_generation
+from leaf_plugins.rollout.generation_weights import gathered_for_generation
 from leaf_plugins.training.lora import attach_lora
 from leaf_plugins.training.loss import policy_loss
-from leaf_plugins.training.optimization import build_optimizer, build_schedule, set_schedule_step
-from leaf_plugins.training.rollout import audio_token_ids, sample_responses
-from leaf_plugins.training.rollout_backend import resolve_backend
+from leaf_plugins.training.optimization import build_optimizer, build_schedule, inner_optimizer, set_schedule_step
+from leaf_plugins.rollout.sampling import audio_token_ids
+from leaf_plugins.rollout.backends import resolve_backend
 from leaf_plugins.training.run_config import check_resumed_config, write_run_config
 from leaf_plugins.training.sharding import prepare_training, shard_policy
-from leaf_plugins.training.stage_plugins import record_plugins, register_stage_plugins, resolve_plugins
+from leaf_plugins.training.stage_plugins import call_plugin, record_plugins, register_stage_plugins, resolve_plugins
 from leaf_plugins.training.threads import apply_threads
-from leaf_plugins.training.update import update_policy, with_prompt_embeddings
+from leaf_plugins.rollout.prompt_embedding import with_prompt_embeddings
+from leaf_plugins.training.update import Learner, update_policy
 from leaf_plugins.training.whole_step import check_world, gather_rollout, prompt_share
 
 __all__ = ["StepContext", "DefaultStages", "Trainer", "ROLLOUT_LOG"]
@@ -63,29 +66,21 @@ class DefaultStages:
     each example's reference) and loss (paper Eq. 1). Their hooks are ``trylast``: a
     plugin's implementation always comes first."""
 
-    def __init__(self, reward: Any, backend: str, host: PluginHost | None = None) -> None:
-        self.reward = reward
-        self.backend = backend  # a registered rollout backend (rollout.backend, resolved for the model)
-        self.host = host
+    def __init__(self, reward: Any, backend: str, sampler: Any) -> None:
+        self.reward = reward  # the run's reward, configured with reward_params
+        self.backend = backend  # the name of the run's rollout backend (rollout.backend, resolved for the model)
+        self.sampler = sampler  # that backend, configured with rollout.backend_params
+        self.fields: frozenset[str] | None = None  # the optional per-token statistics the run's estimator reads
 
     @hookimpl(trylast=True)
     def rollout(self, context: StepContext) -> Rollout:
         settings = context.config.rollout
-        return sample_responses(
-            context.model,
-            context.loaded,
-            context.inputs,
-            group_size=settings.group_size,
-            max_new_tokens=settings.max_new_tokens,
-            temperature=settings.temperature,
-            top_p=settings.top_p,
-            surprisal_from=settings.surprisal_from,
-            group_ids=[context.step * 1_000_000 + context.first_prompt + i for i in range(len(context.examples))],
-            backend=self.backend,
-            context=context,
-            host=self.host,
-            seed=context.config.seed,  # with the group ids: the same responses on any number of processes
-        )
+        group_ids = [context.step * 1_000_000 + context.first_prompt + i for i in range(len(context.examples))]
+        # with the group ids, the seed gives the same responses on any number of processes
+        return self.sampler.sample(RolloutRequest(
+            context.model, context.loaded, context.inputs, settings.group_size, settings.max_new_tokens,
+            settings.temperature, settings.top_p, settings.surprisal_from, group_ids, context, context.config.seed,
+            self.fields))
 
     @hookimpl(trylast=True)
     def compute_loss(self, context: StepContext, logprobs: torch.Tensor, old_logprobs: torch.Tensor,
@@ -124,7 +119,7 @@ class Trainer:
         )
         host = host or get_host()
         self.backbone = host.backbones.get(config.backbone.name)
-        reward = host.rewards.get(config.reward)
+        reward = configured("reward", config.reward, host.rewards.get(config.reward), config.reward_params)
         check_world(config.rollout.prompts_per_step, self.accelerator.num_processes)  # before the model loads
         check_resumed_config(self.output_dir, config, host)  # a resume trains what its checkpoint's run trained
         self.host = host
@@ -141,7 +136,8 @@ class Trainer:
         if config.optim.activation_checkpointing:
             enable_activation_checkpointing(model)
         if config.sharding == "fsdp2":
-            model = shard_policy(model, self.accelerator, config)  # FSDP2 per decoder layer, then the root
+            model = shard_policy(model, self.accelerator, config.rollout.prompts_per_step,  # FSDP2 per decoder
+                                 config.optim.micro_batch_prompts, config.optim.mini_batches)  # layer, then the root
         optimizer = build_optimizer((p for p in model.parameters() if p.requires_grad), config.optim.learning_rate,
                                     config.optim.weight_decay)
         self.model, self.optimizer = prepare_training(self.accelerator, model, optimizer)  # DDP unless sharded
@@ -154,8 +150,10 @@ class Trainer:
         self.rollout_logger = (RolloutLogger(self.output_dir / ROLLOUT_LOG)
                                if config.log_rollouts and self.accelerator.is_main_process else None)
         backend = resolve_backend(self.policy, config.rollout.backend, host)  # static where supported
-        observers = [DefaultStages(reward, backend, host), *([self.rollout_logger] if self.rollout_logger else []),
-                     *plugins]
+        sampler = configured("rollout backend", backend, host.rollout_backends.get(backend),
+                             config.rollout.backend_params)
+        stages = DefaultStages(reward, backend, sampler)
+        observers = [stages, *([self.rollout_logger] if self.rollout_logger else []), *plugins]
         self.engine = Engine(
             config.estimator.name,
             config.estimator.params,
@@ -163,13 +161,23 @@ class Trainer:
             observers=observers,
             host=host,
         )
+        stages.fields = frozenset(self.engine.requires)  # the rollout computes only what the estimator reads
         self.stage_plugins = resolve_plugins(config.plugins, host)  # those the run config names, first named first
         register_stage_plugins(self.engine.manager, self.stage_plugins)
+        self.updating = (0, 0)  # (training step, 1-based; optimizer steps made in it): on_optimizer_step's arguments
+        inner_optimizer(self.optimizer).register_step_post_hook(self._after_optimizer_step)
 
     @property
     def policy(self) -> Any:
         """The PeftModel itself (not the DDP wrapper)."""
         return self.accelerator.unwrap_model(self.model)
+
+    @property
+    def learner(self) -> Learner:
+        """What the update steps: the wrapped model, the PeftModel, the optimizer, the
+        accelerator, the run's ``compute_loss`` hook and the output directory."""
+        return Learner(self.model, self.policy, self.optimizer, self.accelerator, self.engine.manager.hook.compute_loss,
+                       self.output_dir)
 
     # ------------------------------------------------------------------ the run
     def run(self) -> list[dict[str, float]]:
@@ -184,6 +192,7 @@ class Trainer:
             if self.completed > self.saved:
                 self._save(self.completed)
             interrupt.kept = self._kept()  # type: ignore[attr-defined]
+            self._lifecycle("on_run_end")
             raise
 
     def _train(self) -> list[dict[str, float]]:
@@ -192,6 +201,8 @@ class Trainer:
             record_environment(self.output_dir, threads_reason=self.threads.reason)
             record_plugins(self.output_dir, self.stage_plugins, start)
             write_run_config(self.output_dir, self.config, self.host)
+        self._lifecycle("on_run_start")
+        self._load_plugin_states(start)
         if self.accelerator.is_main_process:
             self.accelerator.init_trackers("leaf", config=_flat(asdict(self.config)))
         done: list[dict[str, float]] = []
@@ -211,7 +222,40 @@ class Trainer:
             progress.close()
             for tracker in self.accelerator.trackers:  # the process group stays: a study trains run after run
                 tracker.finish()
+        self._lifecycle("on_run_end")
         return done
+
+    def _lifecycle(self, hook: str) -> None:
+        """Call the run-wide lifecycle ``hook`` (``on_run_start``, ``on_run_end``)."""
+        getattr(self.engine.manager.hook, hook)(model=self.policy, optimizer=self.optimizer, config=self.config,
+                                                 output_dir=self.output_dir)
+
+    def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """The optimizer's step post-hook: ``on_optimizer_step`` with the updated policy."""
+        step, update = self.updating
+        self.updating = (step, update + 1)
+        self.engine.manager.hook.on_optimizer_step(model=self.policy, optimizer=self.optimizer, step=step,
+                                                   update=update)
+
+    def _load_plugin_states(self, step: int) -> None:
+        """Hand each named plugin its state saved in the checkpoint resumed from (step ``step``)."""
+        found = latest_checkpoint(self.output_dir) if step else None
+        if found is None:
+            return
+        states = load_plugin_states(found, [plugin.name for plugin in self.stage_plugins])
+        for plugin in self.stage_plugins:
+            if plugin.name in states:
+                call_plugin(plugin, "load_plugin_state", state=states[plugin.name], step=step,
+                            output_dir=self.output_dir)
+
+    def _plugin_states(self, step: int) -> dict[str, Any]:
+        """The state each named plugin saves with the checkpoint of ``step`` (None: nothing)."""
+        states = {}
+        for plugin in self.stage_plugins:
+            implemented, state = call_plugin(plugin, "save_plugin_state", step=step, output_dir=self.output_dir)
+            if implemented and state is not None:
+                states[plugin.name] = state
+        return states
 
     def train_step(self, step: int) -> dict[str, float]:
         """One training step on this step's prompts (a rollout, then its updates:
@@ -260,7 +304,8 @@ class Trainer:
         held = contextlib.ExitStack()  # interrupts are held from the first optimizer step until the step is logged
         with held:
             self.model.train()
-            updates = update_policy(self, context, rollout, rollout.batch,
+            self.updating = (step + 1, 0)
+            updates = update_policy(self.learner, config, context, rollout, rollout.batch,
                                     advantages[own.start : own.stop, : rollout.batch.width], kept[own.start : own.stop],
                                     whole.rollout.batch, whole.rollout.prompt_index, kept,
                                     on_first_step=lambda: held.enter_context(deferred_interrupts()))
@@ -330,7 +375,7 @@ class Trainer:
         """Checkpoint ``step``; an interrupt arriving meanwhile is held until it is on disk."""
         with deferred_interrupts():  # every process writes its part (RNG states, shards)
             save_checkpoint(self.output_dir, step, self.policy, self.optimizer, self.accelerator, self.scheduler,
-                            keep=self.config.keep_checkpoints)
+                            keep=self.config.keep_checkpoints, plugin_states=self._plugin_states(step))
             self.saved = step
 
     def _kept(self) -> str:

@@ -19,30 +19,24 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from leaf_plugins.core.batch import RolloutBatch
-from leaf_plugins.core.stages import Rollout
+from leaf_plugins.core.stages import PolicyLoss, Rollout
 from leaf_plugins.training.aggregation import StepTotals, token_weights
-from leaf_plugins.training.decoding.keyed_draw import mix64
+from leaf_plugins.rollout.decoding.keyed_draw import mix64
 from leaf_plugins.training.finite import check_update
 from leaf_plugins.training.lora import reference_policy
 from leaf_plugins.training.optimization import clip_gradients
-from leaf_plugins.training.prompt_embedding import embed_prompts
-from leaf_plugins.training.rollout import response_logprobs
+from leaf_plugins.training.teacher_forcing import response_logprobs
 from leaf_plugins.training.sharding import gradients_accumulated_locally
 from leaf_plugins.training.whole_step import micro_batch_numbers, mini_batch_positions
 
-__all__ = ["MicroBatch", "plan_micro_batches", "mini_batch_totals", "step_totals", "accumulate_gradients",
-           "update_policy", "with_prompt_embeddings"]
-
-
-def with_prompt_embeddings(model: Any, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``inputs`` plus ``inputs_embeds`` ``[P, L, H]`` (audio merged in, computed once),
-    which the rollout and both teacher-forced passes of the step share."""
-    return {**inputs, "inputs_embeds": embed_prompts(model, inputs)}
+__all__ = ["Learner", "MicroBatch", "plan_micro_batches", "mini_batch_totals", "step_totals", "accumulate_gradients",
+           "update_policy"]
 
 
 def step_totals(lengths: torch.Tensor, accelerator: Any) -> StepTotals:
@@ -51,6 +45,21 @@ def step_totals(lengths: torch.Tensor, accelerator: Any) -> StepTotals:
     local = torch.tensor([float(lengths.sum()), float(lengths.numel())], device=accelerator.device)
     total = accelerator.reduce(local, reduction="sum") if accelerator.num_processes > 1 else local
     return StepTotals(tokens=int(total[0]), sequences=int(total[1]))
+
+
+@dataclass(frozen=True)
+class Learner:
+    """What an update steps and reads besides the step's data: the model as the run wraps
+    it (DDP, FSDP2), the PeftModel inside it, the optimizer, the accelerator (device,
+    process count, collectives), the run's ``compute_loss`` hook and the run's directory
+    (named in a non-finite gradient's error)."""
+
+    model: torch.nn.Module
+    policy: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    accelerator: Any
+    compute_loss: Callable[..., PolicyLoss]
+    output_dir: Path
 
 
 @dataclass
@@ -125,31 +134,31 @@ def mini_batch_totals(lengths: torch.Tensor, positions: torch.Tensor, kept: torc
     return StepTotals(tokens=int(lengths[rows].sum()), sequences=int(rows.sum()))
 
 
-def accumulate_gradients(trainer: Any, context: Any, rollout: Rollout, batch: RolloutBatch,
+def accumulate_gradients(learner: Learner, config: Any, context: Any, rollout: Rollout, batch: RolloutBatch,
                          advantages: torch.Tensor, kept: torch.Tensor | None = None,
                          totals: StepTotals | None = None) -> dict[str, float]:
     """Back-propagate the loss of one whole-step update (one mini-batch of all the step's
     prompts) over this process's rows; return its loss, KL and clip fraction (over all
     processes). ``update_policy`` runs the run's passes and mini-batches this way.
 
-    :param trainer: the ``Trainer`` (its ``model``, ``policy``, ``accelerator``, ``config``, ``engine``).
+    :param config: the run's ``TrainConfig``.
     :param advantages: ``[n, T]`` this process's token advantages.
     :param kept: ``[n]`` bool, the rows that count; None: all.
     :param totals: the step's counts over all processes; None: summed across them here.
     """
     kept = torch.ones(batch.size, dtype=torch.bool) if kept is None else kept.cpu()
-    totals = step_totals(batch.lengths[kept], trainer.accelerator) if totals is None else totals
-    config = dataclasses.replace(trainer.config, optim=dataclasses.replace(trainer.config.optim, mini_batches=1))
-    device = trainer.accelerator.device
+    totals = step_totals(batch.lengths[kept], learner.accelerator) if totals is None else totals
+    config = dataclasses.replace(config, optim=dataclasses.replace(config.optim, mini_batches=1))
+    device = learner.accelerator.device
     planned = plan_micro_batches(context, rollout, batch, advantages, kept, totals, 0, config, device)
     table = torch.zeros(_micro_batches_per_mini_batch(config), 3, dtype=torch.float64, device=device)
-    _backward(trainer, context, planned, table, 0, config)
-    table = _summed_over_processes(table, trainer.accelerator)
+    _backward(learner, context, planned, table, 0, config)
+    table = _summed_over_processes(table, learner.accelerator)
     sums = table.sum(dim=0)
     return {"loss": float(sums[0]), "kl": float(sums[1]), "clip_fraction": float(sums[2])}
 
 
-def update_policy(trainer: Any, context: Any, rollout: Rollout, batch: RolloutBatch, advantages: torch.Tensor,
+def update_policy(learner: Learner, config: Any, context: Any, rollout: Rollout, batch: RolloutBatch, advantages: torch.Tensor,
                   kept: torch.Tensor, whole: RolloutBatch, whole_positions: torch.Tensor, whole_kept: torch.Tensor,
                   on_first_step: Callable[[], None] = lambda: None) -> dict[str, float]:
     """The step's updates: ``optim.updates_per_rollout`` passes over the rollout, each of
@@ -167,7 +176,7 @@ def update_policy(trainer: Any, context: Any, rollout: Rollout, batch: RolloutBa
     :param on_first_step: called just before the first optimizer step (the trainer holds
         interrupts from there until the step is logged).
     """
-    config, accelerator = trainer.config, trainer.accelerator
+    accelerator = learner.accelerator
     optim, device = config.optim, accelerator.device
     kept = kept.cpu()
     plans = [plan_micro_batches(context, rollout, batch, advantages, kept,
@@ -176,48 +185,48 @@ def update_policy(trainer: Any, context: Any, rollout: Rollout, batch: RolloutBa
     updates = optim.updates_per_rollout * optim.mini_batches
     per_mini = _micro_batches_per_mini_batch(config)
     if optim.old_logprobs == "teacher_forced" and updates > 1:
-        _teacher_forced_old(trainer, context, plans, per_mini)
+        _teacher_forced_old(learner, config, context, plans, per_mini)
     table = torch.zeros(updates, per_mini, 3, dtype=torch.float64, device=device)  # loss, kl, clip of micro-batches
     norms = []
-    parameters = [p for p in trainer.model.parameters() if p.requires_grad]
+    parameters = [p for p in learner.model.parameters() if p.requires_grad]
     for update in range(updates):
-        trainer.optimizer.zero_grad()
-        _backward(trainer, context, plans[update % optim.mini_batches], table[update], update * per_mini, config)
-        check_update(trainer.policy, float(table[update, :, 0].sum()), context.step + 1, trainer.output_dir)
+        learner.optimizer.zero_grad()
+        _backward(learner, context, plans[update % optim.mini_batches], table[update], update * per_mini, config)
+        check_update(learner.policy, float(table[update, :, 0].sum()), context.step + 1, learner.output_dir)
         norms.append(clip_gradients(parameters, optim.max_grad_norm))
         if update == 0:
             on_first_step()
-        trainer.optimizer.step()
+        learner.optimizer.step()
     sums = _summed_over_processes(table, accelerator).sum(dim=1)  # [updates, 3]: each update's, summed in step order
     means = sums.mean(dim=0)
     return {"loss": float(means[0]), "kl": float(means[1]), "clip_fraction": float(means[2]),
-            "grad_norm": sum(norms) / len(norms), "learning_rate": trainer.optimizer.param_groups[0]["lr"]}
+            "grad_norm": sum(norms) / len(norms), "learning_rate": learner.optimizer.param_groups[0]["lr"]}
 
 
-def _backward(trainer: Any, context: Any, planned: list[MicroBatch], table: torch.Tensor, first_seed: int,
+def _backward(learner: Learner, context: Any, planned: list[MicroBatch], table: torch.Tensor, first_seed: int,
               config: Any) -> None:
     """Forward and backward over ``planned`` (one update), gradients synchronised across
     processes at the last micro-batch; each micro-batch's own loss, KL and clip share go
     into ``table`` ``[micro-batches, 3]`` at its number. Torch's generator is seeded
     before each pass from the run's seed, the step and ``first_seed`` plus the
     micro-batch's number (its LoRA dropout masks)."""
-    accelerator, temperature = trainer.accelerator, config.rollout.temperature
+    accelerator, temperature = learner.accelerator, config.rollout.temperature
     for index, micro in enumerate(planned):
         if micro.reference is None:
-            with torch.no_grad(), reference_policy(trainer.policy):
-                micro.reference = response_logprobs(trainer.policy, micro.inputs, micro.tokens, micro.lengths,
+            with torch.no_grad(), reference_policy(learner.policy):
+                micro.reference = response_logprobs(learner.policy, micro.inputs, micro.tokens, micro.lengths,
                                                     micro.prompt_index, temperature)
-        sync = (gradients_accumulated_locally(accelerator, trainer.model) if index < len(planned) - 1
+        sync = (gradients_accumulated_locally(accelerator, learner.model) if index < len(planned) - 1
                 else contextlib.nullcontext())  # DDP's no_sync, FSDP2's set_requires_gradient_sync(False)
         torch.manual_seed(_dropout_seed(config.seed, context.step, first_seed + micro.number))
         with sync:
-            current = response_logprobs(trainer.model, micro.inputs, micro.tokens, micro.lengths, micro.prompt_index,
+            current = response_logprobs(learner.model, micro.inputs, micro.tokens, micro.lengths, micro.prompt_index,
                                         temperature)
             if config.optim.old_logprobs == "rollout":
                 old = micro.rollout_logprobs
             else:  # teacher_forced: before the first update (one update: this very pass)
                 old = micro.old if micro.old is not None else current.detach()
-            loss = trainer.engine.manager.hook.compute_loss(
+            loss = learner.compute_loss(
                 context=context, logprobs=current, old_logprobs=old, reference_logprobs=micro.reference,
                 advantages=micro.advantages, mask=micro.mask, weights=micro.weights,
             )
@@ -225,15 +234,15 @@ def _backward(trainer: Any, context: Any, planned: list[MicroBatch], table: torc
         table[micro.number] += torch.stack([loss.loss.detach(), loss.kl, loss.clip_fraction]).double()
 
 
-def _teacher_forced_old(trainer: Any, context: Any, plans: list[list[MicroBatch]], per_mini: int) -> None:
+def _teacher_forced_old(learner: Learner, config: Any, context: Any, plans: list[list[MicroBatch]],
+                        per_mini: int) -> None:
     """π_old of every micro-batch from a teacher-forced pass of the policy before the
     step's first update, under the dropout masks of its first pass."""
-    config = trainer.config
     with torch.no_grad():
         for mini, planned in enumerate(plans):
             for micro in planned:
                 torch.manual_seed(_dropout_seed(config.seed, context.step, mini * per_mini + micro.number))
-                micro.old = response_logprobs(trainer.model, micro.inputs, micro.tokens, micro.lengths,
+                micro.old = response_logprobs(learner.model, micro.inputs, micro.tokens, micro.lengths,
                                               micro.prompt_index, config.rollout.temperature)
 
 

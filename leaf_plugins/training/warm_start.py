@@ -21,7 +21,7 @@ from leaf_plugins.tasks.base import Example
 from leaf_plugins.training.config import BackboneConfig, TaskConfig
 from leaf_plugins.training.durable import fsync_directory, fsync_tree
 from leaf_plugins.training.ranges import WARM_START_RANGES
-from leaf_plugins.training.rollout import response_logprobs
+from leaf_plugins.training.teacher_forcing import response_logprobs
 from leaf_plugins.training.threads import apply_threads
 
 __all__ = ["WarmStartConfig", "warm_start", "reference_tokens", "load_warm_start_config", "warm_start_validators"]

@@ -6,7 +6,7 @@ and every process then sees the whole step.
   in rank order, are the step's rows in the one-process order.
 * ``check_world``: a process with no prompt is refused before any model loads.
 * ``gather_rollout``: every process's rollout (tokens, lengths, group ids, the per-token
-  fields, the rewards, the texts) gathered onto every process, padded to the widest
+  fields the rollout has, its extra fields, the rewards, the texts) gathered onto every process, padded to the widest
   share's width: the batch one process would have sampled. The estimator runs on it on
   every process (an estimator that learns from the whole call, such as ``tree_otb``'s
   fitted weight or ``normalize: batch``, sees the same call on 1 or N processes), the
@@ -86,7 +86,8 @@ def gather_rollout(rollout: Rollout, rewards: torch.Tensor, share: range, device
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     if world == 1:
         return WholeStep(rollout, rewards, [range(batch.size)])
-    fields = [name for name in PER_TOKEN_FIELDS if getattr(batch, name) is not None]
+    fields = [name for name in PER_TOKEN_FIELDS if getattr(batch, name) is not None]  # the same on every process
+    fields += sorted(batch.extra)  # a backend's or plugin's own per-token fields
     shape = torch.tensor([batch.size, batch.width], dtype=torch.int64, device=device)
     shapes = [torch.empty_like(shape) for _ in range(world)]
     dist.all_gather(shapes, shape)
@@ -101,7 +102,7 @@ def gather_rollout(rollout: Rollout, rewards: torch.Tensor, share: range, device
     floats = torch.zeros(rows, 1 + len(fields) * width, dtype=torch.float32, device=device)  # reward | fields
     floats[: batch.size, 0] = rewards.to(device=device, dtype=torch.float32)
     for number, name in enumerate(fields):
-        floats[: batch.size, 1 + number * width : 1 + number * width + batch.width] = getattr(batch, name).to(device)
+        floats[: batch.size, 1 + number * width : 1 + number * width + batch.width] = batch.token_field(name).to(device)
     gathered_integers = [torch.empty_like(integers) for _ in range(world)]
     gathered_floats = [torch.empty_like(floats) for _ in range(world)]
     dist.all_gather(gathered_integers, integers)
@@ -116,7 +117,9 @@ def gather_rollout(rollout: Rollout, rewards: torch.Tensor, share: range, device
                  for number, name in enumerate(fields)}
     whole = RolloutBatch(tokens=integers[:, :width].contiguous(), lengths=integers[:, width].contiguous(),
                          group_ids=integers[:, width + 1].contiguous(), rewards=torch.zeros_like(floats[:, 0]),
-                         vocab_size=batch.vocab_size, **per_token)
+                         vocab_size=batch.vocab_size,
+                         **{name: value for name, value in per_token.items() if name in PER_TOKEN_FIELDS},
+                         extra={name: value for name, value in per_token.items() if name not in PER_TOKEN_FIELDS})
     starts = torch.tensor([0] + [n for n, _ in sizes]).cumsum(0).tolist()
     return WholeStep(
         Rollout(batch=whole, prompt_index=integers[:, width + 2].contiguous(),

@@ -21,10 +21,11 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.fsdp._fully_shard import _fsdp_param_group
 
 from leaf_plugins import get_host
-from leaf_plugins.training.generation_weights import gathered_for_generation
+from leaf_plugins.rollout.generation_weights import gathered_for_generation
 from leaf_plugins.training.lora import attach_lora
-from leaf_plugins.training.prompt_embedding import language_model_of
-from leaf_plugins.training.rollout import response_logprobs, sample_responses
+from leaf_plugins.rollout.prompt_embedding import language_model_of
+from leaf_plugins.rollout.sampling import sample_responses
+from leaf_plugins.training.teacher_forcing import response_logprobs
 
 
 def main(output: Path) -> None:

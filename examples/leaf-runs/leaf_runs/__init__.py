@@ -1,5 +1,6 @@
 """``leaf runs RUN_DIR ...``: one line per training run directory: the last logged step,
-its reward and KL, the newest checkpoint, and the plugins the run config named."""
+its metrics (``--metrics``; reward and KL by default), the newest checkpoint, and the
+plugins the run config named."""
 
 from __future__ import annotations
 
@@ -10,14 +11,16 @@ from pathlib import Path
 from leaf_plugins import ConfigError, hookimpl
 from leaf_plugins.core.command import Command
 
-COLUMNS = ("run", "step", "reward_mean", "kl", "checkpoint", "plugins")
+METRICS = ("reward_mean", "kl")  # the metrics shown unless --metrics names others
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", type=Path, nargs="+", metavar="RUN_DIR", help="output directories of `leaf train`")
+    parser.add_argument("--metrics", nargs="+", default=list(METRICS), metavar="NAME",
+                        help=f"metrics.jsonl keys to show, of the last step (default: {' '.join(METRICS)})")
 
 
-def summary(run: Path) -> tuple[str, ...]:
+def summary(run: Path, metric_names: tuple[str, ...] = METRICS) -> tuple[str, ...]:
     """The row of one run directory."""
     metrics = run / "metrics.jsonl"
     if not metrics.is_file():
@@ -28,13 +31,18 @@ def summary(run: Path) -> tuple[str, ...]:
     record = run / "plugins.json"
     plugins = json.loads(record.read_text())[-1]["plugins"] if record.is_file() else []
     named = ",".join(f"{p['name']}=={p['version']}" if p["version"] else p["name"] for p in plugins) or "-"
-    return (str(run), str(last["step"]), f"{last['reward_mean']:.4f}", f"{last['kl']:.4f}",
+    missing = [name for name in metric_names if name not in last]
+    if missing:
+        raise ConfigError(f"{metrics}: no metric {missing[0]!r}; its metrics: {', '.join(sorted(last))}")
+    return (str(run), str(last["step"]), *(f"{last[name]:.4f}" for name in metric_names),
             checkpoints[-1] if checkpoints else "-", named)
 
 
 def run(args: argparse.Namespace) -> int:
-    rows = [COLUMNS, *(summary(path) for path in args.runs)]
-    widths = [max(len(row[column]) for row in rows) for column in range(len(COLUMNS))]
+    names = tuple(args.metrics)
+    columns = ("run", "step", *names, "checkpoint", "plugins")
+    rows = [columns, *(summary(path, names) for path in args.runs)]
+    widths = [max(len(row[column]) for row in rows) for column in range(len(columns))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
     return 0

@@ -18,18 +18,14 @@ weight is used; where ``τ² = 0`` (nodes no more different than noise) ``s = MA
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.core.tree import Nodes
-from leaf_plugins.estimators.machinery.group_stats import group_sum, per_response
+from leaf_plugins.estimators.machinery.group_stats import group_std, group_sum, per_response, pooled_std, root_values
+from leaf_plugins.estimators.parameters import TreeRLOOParams
 
-if TYPE_CHECKING:  # the estimator that declares them imports this module
-    from leaf_plugins.estimators.tree_rloo import TreeRLOOParams
-
-__all__ = ["auto_shrink", "node_shrink", "MAX_SHRINK", "FALLBACK_SHRINK"]
+__all__ = ["auto_shrink", "node_shrink", "group_scale", "MAX_SHRINK", "FALLBACK_SHRINK"]
 
 MAX_SHRINK = 1e6
 """The prior weight where node values vary no more than noise: the parent's value, in effect."""
@@ -78,3 +74,30 @@ def auto_shrink(batch: RolloutBatch, nodes: Nodes, fallback: float) -> torch.Ten
     learnt = torch.where(tau2 > 0, sigma2 / tau2.clamp(min=1e-300), MAX_SHRINK).clamp(max=MAX_SHRINK)
     usable = (dof > 0) & (count > 0) & (sigma2 > 0)
     return torch.where(usable, learnt, fixed)
+
+
+def group_scale(batch: RolloutBatch, params: TreeRLOOParams) -> torch.Tensor:
+    """``[G]`` float64 divisor of the advantages: GRPO's ``max(std, std_floor) + eps``
+    (sample std of the group's rewards) for ``scale="group_std"``; the same with the
+    batch's within-group std pooled over its groups, one divisor for every group, for
+    ``"batch_std"``; 1 for ``"none"``.
+
+    ``batch_std`` keeps the advantages in units of the batch's reward spread, as GRPO's
+    are, without weighing one group against another: the batch gradient keeps its
+    direction, only its length changes from batch to batch. (With advantages in reward
+    units, their size falls as a group's rewards draw together during training, and an
+    optimizer with a long memory of past gradient sizes, as Adam's second moment, takes
+    ever smaller steps.)
+
+    Where ``max(std, std_floor)`` is 0 (an all-equal group; under ``batch_std``, a batch
+    of all-equal groups) the divisor is ``inf``: the advantages are 0, as GRPO's, not
+    ``(r − b) / eps`` for a baseline ``b`` that is not the group's mean (``tree_otb``'s)."""
+    if params.scale == "none":
+        return torch.ones(batch.groups.count, dtype=torch.float64, device=batch.device)
+    rewards = batch.rewards.double()
+    means = root_values(batch).double()  # [G]
+    if params.scale == "batch_std":
+        spread = pooled_std(rewards, batch.groups, means).clamp(min=params.std_floor).expand(batch.groups.count)
+    else:
+        spread = group_std(rewards, batch.groups, means).clamp(min=params.std_floor)  # [G]
+    return torch.where(spread > 0, spread + params.eps, torch.inf)

@@ -9,17 +9,14 @@ and written to the ``[N, T]`` token layout once, at the end.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from leaf_plugins.core.batch import GroupLayout, RolloutBatch
 from leaf_plugins.core.tree import Nodes
 from leaf_plugins.estimators.machinery.group_stats import group_total, per_response
 from leaf_plugins.estimators.machinery.painting import paint_segments
+from leaf_plugins.estimators.parameters import SpanCreditParams
 
-if TYPE_CHECKING:  # the estimator that declares them imports this module
-    from leaf_plugins.estimators.leaf import SpanCreditParams
 
 __all__ = ["span_advantages", "STD_FLOOR"]
 

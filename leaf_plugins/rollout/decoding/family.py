@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from leaf_plugins.training.prompt_embedding import backbone_model_of, language_model_of
+from leaf_plugins.rollout.prompt_embedding import backbone_model_of, language_model_of
 
 __all__ = ["DecoderFamily", "decoder_family", "unsupported_reason", "STATIC_ROPE_TYPES"]
 

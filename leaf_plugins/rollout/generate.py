@@ -11,10 +11,10 @@ from transformers import LogitsProcessorList
 
 from leaf_plugins.backbones.base import LoadedBackbone
 from leaf_plugins.core.stages import Rollout
-from leaf_plugins.training.decoding.keyed_draw import response_keys
-from leaf_plugins.training.prompt_embedding import embed_prompts, head_on_positions
-from leaf_plugins.training.rollout_assembly import assemble_rollout, audio_token_ids
-from leaf_plugins.training.token_stats import TokenStatistics
+from leaf_plugins.rollout.decoding.keyed_draw import response_keys
+from leaf_plugins.rollout.prompt_embedding import embed_prompts, head_on_positions
+from leaf_plugins.rollout.assembly import assemble_rollout, audio_token_ids
+from leaf_plugins.rollout.token_stats import TokenStatistics
 
 __all__ = ["generate_rollout", "sampling_seed"]
 
@@ -37,6 +37,7 @@ def generate_rollout(
     surprisal_from: str = "sampling",
     group_ids: Sequence[int] | None = None,
     seed: int | None = None,
+    sum_pi_squared: bool = True,
 ) -> Rollout:
     """Sample ``group_size`` responses for every prompt of ``inputs`` (left padded).
 
@@ -46,7 +47,8 @@ def generate_rollout(
     (``TokenStatistics``): memory ``O(N·T)``, not ``O(N·T·V)``. Generation stops at EOS,
     which belongs to the response; what follows is padding. The tokens are drawn by
     ``keyed_draw.draw`` from the responses' keys (``seed``, the group ids, k): the same
-    draws as the static loop's, whatever the batch.
+    draws as the static loop's, whatever the batch. ``sum_pi_squared`` False: Σπ² is
+    not computed (the batch's ``sum_pi_squared`` is None).
     """
     tokenizer = loaded.tokenizer
     embeddings = inputs["inputs_embeds"] if "inputs_embeds" in inputs else embed_prompts(model, inputs)  # [P, L, H]
@@ -54,7 +56,7 @@ def generate_rollout(
     prompts = embeddings.shape[0]
     keys = response_keys(sampling_seed(seed), group_ids if group_ids is not None else range(prompts), group_size,
                          device)  # [N]
-    statistics = TokenStatistics(temperature, top_p, audio_token_ids(loaded), device, keys)
+    statistics = TokenStatistics(temperature, top_p, audio_token_ids(loaded), device, keys, sum_pi_squared)
     with head_on_positions(model, slice(-1, None)):  # the prefill projects the last position only, not [N, L, V]
         generated = model.generate(
             inputs_embeds=embeddings.repeat_interleave(group_size, dim=0),  # [N, L, H]

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import torch
 
 __all__ = ["embed_prompts", "prompt_embeddings_in_front", "language_model_of", "backbone_model_of", "head_on_positions",
-           "left_padded_positions"]
+           "left_padded_positions", "with_prompt_embeddings"]
 
 AUDIO_INPUTS = ("input_features", "feature_attention_mask", "input_features_mask")
 """Model inputs that only the audio encoder reads (the families' names)."""
@@ -106,3 +106,9 @@ def head_on_positions(model: Any, positions: slice) -> Iterator[None]:
         yield
     finally:
         handle.remove()
+
+
+def with_prompt_embeddings(model: Any, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``inputs`` plus ``inputs_embeds`` ``[P, L, H]`` (audio merged in, computed once),
+    which the rollout and both teacher-forced passes of the step share."""
+    return {**inputs, "inputs_embeds": embed_prompts(model, inputs)}

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from leaf_plugins.training.prompt_embedding import language_model_of
+from leaf_plugins.rollout.prompt_embedding import language_model_of
 
 __all__ = ["enable_activation_checkpointing", "activation_checkpointing_enabled"]
 

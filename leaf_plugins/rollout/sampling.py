@@ -9,34 +9,33 @@ Two distributions are involved at every sampled position:
 
 ``logprobs`` (π_old in the loss ratio) and ``sum_pi_squared`` (Σ_v π_old(v)², which the
 variance-aware estimators read) are always under the policy distribution, which is
-what ``response_logprobs`` (``teacher_forcing.py``) computes for π_θ and π_ref, so the ratio is 1 before the first
+what ``response_logprobs`` (``training/teacher_forcing.py``) computes for π_θ and π_ref, so the ratio is 1 before the first
 update (up to the rounding of the two computations, see docs/training.md).
 ``surprisal_from`` chooses the distribution of the surprisal LEAF uses to pick
 boundaries: ``"sampling"`` (the default, as the authors' code: after temperature and
 top-p) or ``"policy"`` (``-logprobs``).
 
-A rollout backend samples (``rollout.backend``, ``rollout_backend.py``): ``static``, our
+A rollout backend samples (``rollout.backend``, ``backends.py``): ``static``, our
 own decode loop over static K/V buffers (``decoding/static_rollout.py``, the default on
 the CPU wherever the model is supported, opt-in on CUDA), ``generate``, Hugging Face ``generate``
-(``generate_rollout.py``, the reference), or one a package registered. They draw from
+(``generate.py``, the reference), or one a package registered. They draw from
 the same distributions and return the same ``Rollout``.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
 from leaf_plugins.backbones.base import LoadedBackbone
+from leaf_plugins.core.parameters import configured
 from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.core.stages import Rollout, RolloutRequest, StepContext
-from leaf_plugins.training.rollout_assembly import SURPRISAL_SOURCES, assemble_rollout, audio_token_ids
-from leaf_plugins.training.rollout_backend import resolve_backend
-from leaf_plugins.training.teacher_forcing import response_logprobs
+from leaf_plugins.rollout.assembly import SURPRISAL_SOURCES, assemble_rollout, audio_token_ids
+from leaf_plugins.rollout.backends import resolve_backend
 
-__all__ = ["Rollout", "sample_responses", "assemble_rollout", "response_logprobs", "audio_token_ids",
-           "SURPRISAL_SOURCES"]
+__all__ = ["Rollout", "sample_responses", "assemble_rollout", "audio_token_ids", "SURPRISAL_SOURCES"]
 
 
 def sample_responses(
@@ -53,6 +52,8 @@ def sample_responses(
     context: StepContext | None = None,
     host: PluginHost | None = None,
     seed: int | None = None,
+    fields: Iterable[str] | None = None,
+    backend_params: Mapping[str, Any] | None = None,
 ) -> Rollout:
     """Sample ``group_size`` responses for every prompt of ``inputs`` (left padded).
 
@@ -68,11 +69,16 @@ def sample_responses(
     :param seed: the sampling seed: response k of the prompt with group id ``g`` (from
         ``group_ids``, default its row) draws from the key (seed, g, k), the same in any
         batch (``decoding/keyed_draw.py``); None: a seed drawn from torch's default generator.
+    :param fields: the optional per-token statistics to compute (``sum_pi_squared``, a
+        backend's extra fields), e.g. an engine's ``requires``; None: all the backend can.
+    :param backend_params: the backend's parameters (``rollout.backend_params``).
     """
     if surprisal_from not in SURPRISAL_SOURCES:
         raise ValueError(f"surprisal_from must be one of {SURPRISAL_SOURCES}, got {surprisal_from!r}")
     host = host or get_host()
-    sampler = host.rollout_backends.get(resolve_backend(model, backend, host))
+    name = resolve_backend(model, backend, host)
+    sampler = configured("rollout backend", name, host.rollout_backends.get(name), backend_params)
     request = RolloutRequest(model, loaded, inputs, group_size, max_new_tokens, temperature, top_p, surprisal_from,
-                             list(group_ids) if group_ids is not None else None, context, seed)
+                             list(group_ids) if group_ids is not None else None, context, seed,
+                             frozenset(fields) if fields is not None else None)
     return sampler.sample(request)

@@ -29,8 +29,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from leaf_plugins.training.decoding.decode_state import DecodeState
-from leaf_plugins.training.decoding.keyed_draw import draw
+from leaf_plugins.rollout.decoding.decode_state import DecodeState
+from leaf_plugins.rollout.decoding.keyed_draw import draw
 
 __all__ = ["SamplingStep"]
 
@@ -39,8 +39,9 @@ class SamplingStep:
     """Statistics, sample and bookkeeping of one step, written into a ``DecodeState``."""
 
     def __init__(self, temperature: float, top_p: float, banned: Sequence[int], vocab_size: int, eos_token_id: int,
-                 pad_token_id: int, device: torch.device) -> None:
+                 pad_token_id: int, device: torch.device, sum_pi_squared: bool = True) -> None:
         self.temperature = temperature
+        self.record_sum_pi_squared = sum_pi_squared  # False: Σπ² (an exp over the vocabulary) is not computed
         self.top_p = top_p
         banned_ids = [token for token in banned if 0 <= token < vocab_size]
         self.ban = torch.zeros(vocab_size, dtype=torch.float32, device=device)  # [V]: -inf on banned ids, else 0
@@ -66,7 +67,6 @@ class SamplingStep:
         its statistics in column ``state.column``; advance the state."""
         scaled = logits / self.temperature if self.temperature != 1.0 else logits
         policy = torch.log_softmax(scaled, dim=-1)  # [N, V]
-        sum_pi_squared = policy.mul(2).exp_().sum(dim=-1)  # [N]
         sampling = torch.softmax(self.sampling_scores(scaled), dim=-1)  # [N, V] q (exp of -inf is slow on the CPU)
         column = state.column
         token = draw(sampling, state.keys, column).masked_fill_(state.finished, self.pad_token_id)  # [N]
@@ -74,7 +74,8 @@ class SamplingStep:
         state.generated.index_copy_(1, column, chosen)
         state.logprobs.index_copy_(1, column, policy.gather(1, chosen))
         state.sampling_logprobs.index_copy_(1, column, sampling.gather(1, chosen).log_())
-        state.sum_pi_squared.index_copy_(1, column, sum_pi_squared.unsqueeze(1))
+        if self.record_sum_pi_squared:
+            state.sum_pi_squared.index_copy_(1, column, policy.mul(2).exp_().sum(dim=-1, keepdim=True))  # [N, 1]
         state.finished.logical_or_(token == self.eos_token_id)
         state.tokens.copy_(token)
         state.positions.add_(1)

@@ -18,7 +18,7 @@ from typing import Sequence
 import torch
 from transformers import LogitsProcessor, SuppressTokensLogitsProcessor, TemperatureLogitsWarper, TopPLogitsWarper
 
-from leaf_plugins.training.decoding.keyed_draw import draw
+from leaf_plugins.rollout.decoding.keyed_draw import draw
 
 __all__ = ["TokenStatistics"]
 
@@ -33,12 +33,16 @@ class TokenStatistics(LogitsProcessor):
     ``suppress_tokens`` (it does those).
 
     :param keys: ``[N]`` int64 the responses' sampling keys (``keyed_draw.response_keys``).
+    :param sum_pi_squared: record Σ_v π(v)² (an exp over the vocabulary per step); False:
+        ``finish`` returns None for it.
     """
 
     def __init__(self, temperature: float, top_p: float, suppress: Sequence[int], device: torch.device,
-                 keys: torch.Tensor) -> None:
+                 keys: torch.Tensor, sum_pi_squared: bool = True) -> None:
         self.temperature = temperature
         self.keys = keys
+        self.record_sum_pi_squared = sum_pi_squared
+        self.steps = 0  # positions seen
         self.transforms: list[LogitsProcessor] = []
         if suppress:
             self.transforms.append(SuppressTokensLogitsProcessor(list(suppress), device=device))
@@ -58,25 +62,28 @@ class TokenStatistics(LogitsProcessor):
         if self._pending is not None:
             self._take(input_ids[:, -1])
         policy = torch.log_softmax(scores / self.temperature, dim=-1)  # [N, V]
-        self._sum_pi_squared.append(policy.mul(2).exp_().sum(dim=-1))
+        if self.record_sum_pi_squared:
+            self._sum_pi_squared.append(policy.mul(2).exp_().sum(dim=-1))
         sampling_scores = scores
         for transform in self.transforms:
             sampling_scores = transform(input_ids, sampling_scores)
         sampling = torch.log_softmax(sampling_scores, dim=-1)  # [N, V] log q
         self._pending = (policy, sampling)
         self.vocab_size = scores.shape[-1]
-        column = len(self._sum_pi_squared) - 1
+        column = self.steps
+        self.steps += 1
         token = draw(torch.softmax(sampling_scores.float(), dim=-1), self.keys.to(scores.device), column)  # [N]
         return torch.full_like(scores, float("-inf")).scatter_(1, token.unsqueeze(1), 0.0)
 
     def finish(self, last_tokens: torch.Tensor) -> dict[str, torch.Tensor]:
         """The ``[N, T]`` statistics, given the tokens sampled at the last step
         (``generate``'s last output column): ``logprobs``, ``sampling_logprobs``,
-        ``sum_pi_squared``. Positions after EOS hold values for the padding token."""
+        ``sum_pi_squared`` (None when not recorded). Positions after EOS hold values for
+        the padding token."""
         if self._pending is not None:
             self._take(last_tokens)
         return {"logprobs": torch.stack(self._policy, dim=1), "sampling_logprobs": torch.stack(self._sampling, dim=1),
-                "sum_pi_squared": torch.stack(self._sum_pi_squared, dim=1)}
+                "sum_pi_squared": torch.stack(self._sum_pi_squared, dim=1) if self.record_sum_pi_squared else None}
 
     def _take(self, tokens: torch.Tensor) -> None:
         policy, sampling = self._pending  # type: ignore[misc]

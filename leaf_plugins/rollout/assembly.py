@@ -19,10 +19,11 @@ SURPRISAL_SOURCES = ("sampling", "policy")
 
 
 def assemble_rollout(tokenizer: Any, generated: torch.Tensor, logprobs: torch.Tensor, surprisal: torch.Tensor,
-                     sum_pi_squared: torch.Tensor, vocab_size: int, group_size: int,
+                     sum_pi_squared: torch.Tensor | None, vocab_size: int, group_size: int,
                      group_ids: Sequence[int] | None) -> Rollout:
     """The ``Rollout`` of ``[N, T]`` generated ids (K consecutive rows per prompt) and
-    their per-token values: cut after the first EOS, padded with ``-1`` / 0, decoded."""
+    their per-token values: cut after the first EOS, padded with ``-1`` / 0, decoded
+    (``sum_pi_squared`` None: not computed, left out of the batch)."""
     device = generated.device
     lengths = response_lengths(generated, tokenizer.eos_token_id)  # [N]
     real = torch.arange(generated.shape[1], device=device).unsqueeze(0) < lengths.unsqueeze(1)  # [N, T]
@@ -35,7 +36,7 @@ def assemble_rollout(tokenizer: Any, generated: torch.Tensor, logprobs: torch.Te
         rewards=torch.zeros(generated.shape[0]),
         surprisal=torch.where(real, surprisal, 0.0).cpu(),
         logprobs=torch.where(real, logprobs, 0.0).cpu(),
-        sum_pi_squared=torch.where(real, sum_pi_squared, 0.0).cpu(),
+        sum_pi_squared=torch.where(real, sum_pi_squared, 0.0).cpu() if sum_pi_squared is not None else None,
         vocab_size=vocab_size,  # the model may sample ids beyond len(tokenizer) (padded embeddings)
     )
     texts = tokenizer.batch_decode(torch.where(real, generated, tokenizer.pad_token_id), skip_special_tokens=True)

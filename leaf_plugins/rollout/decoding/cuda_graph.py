@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from leaf_plugins.training.decoding.decode_state import DecodeState
+from leaf_plugins.rollout.decoding.decode_state import DecodeState
 
 __all__ = ["GraphedStep", "GraphUnusable", "GraphMismatch", "cuda_capture", "eager_capture", "CHECK_TOLERANCE"]
 

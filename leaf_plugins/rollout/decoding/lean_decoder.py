@@ -16,12 +16,12 @@ from typing import Callable
 
 import torch
 
-from leaf_plugins.training.decoding.attention import prompt_attention, prompt_attention_bias, shared_prefix_attention
-from leaf_plugins.training.decoding.family import DecoderFamily
-from leaf_plugins.training.decoding.kv_buffers import KVBuffers
-from leaf_plugins.training.decoding.projections import (FoldedProjection, fold_copy_bytes, folded_linear,
+from leaf_plugins.rollout.decoding.attention import prompt_attention, prompt_attention_bias, shared_prefix_attention
+from leaf_plugins.rollout.decoding.family import DecoderFamily
+from leaf_plugins.rollout.decoding.kv_buffers import KVBuffers
+from leaf_plugins.rollout.decoding.projections import (FoldedProjection, fold_copy_bytes, folded_linear,
                                                          fused_linear, projection)
-from leaf_plugins.training.prompt_embedding import left_padded_positions
+from leaf_plugins.rollout.prompt_embedding import left_padded_positions
 
 __all__ = ["LeanDecoder", "rotate", "fold_bytes"]
 

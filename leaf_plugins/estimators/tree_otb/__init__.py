@@ -50,16 +50,17 @@ from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.core.hookspecs import hookimpl
 from leaf_plugins.core.tree import Boundaries, Nodes
 from leaf_plugins.estimators.machinery.group_stats import by_group, group_extreme, group_sum, per_response
-from leaf_plugins.estimators.machinery.node_shrinkage import node_shrink
+from leaf_plugins.estimators.machinery.node_shrinkage import group_scale, node_shrink
 from leaf_plugins.estimators.machinery.nodes import boundary_nodes
-from leaf_plugins.estimators.machinery.tree_baselines import path_baselines
-from leaf_plugins.estimators.tree_rloo import TreeRLOO, TreeRLOOParams, group_scale
-from leaf_plugins.estimators.otb import (RunningWeights, real_tokens, replaced_reward_advantages,
-                                         running_weights, stable_token_weights)
-from leaf_plugins.estimators.machinery.mixing_weights import kernel_terms, pooled_weight
-from leaf_plugins.estimators.machinery.prefix_intervals import PathIntervals, path_intervals, shared_prefix_lengths
+from leaf_plugins.estimators.machinery.path_variance import (RunningWeights, real_tokens, replaced_reward_advantages,
+                                                             running_weights, stable_token_weights)
 from leaf_plugins.estimators.machinery.prefixes import SortedPrefixes
 from leaf_plugins.estimators.machinery.scratch import scratch
+from leaf_plugins.estimators.machinery.tree_baselines import path_baselines
+from leaf_plugins.estimators.parameters import TreeRLOOParams
+from leaf_plugins.estimators.tree_otb.mixing_weights import kernel_terms, pooled_weight
+from leaf_plugins.estimators.tree_otb.prefix_intervals import PathIntervals, path_intervals, shared_prefix_lengths
+from leaf_plugins.estimators.tree_rloo import TreeRLOO
 
 __all__ = ["TreeOTB", "TreeOTBParams", "KAPPA_EDGES", "LANES", "value_ratios", "state_kinds"]
 
@@ -126,6 +127,8 @@ class TreeOTB(TreeRLOO):
     responses say it lowers the gradient's variance."""
 
     parameters = TreeOTBParams
+    requires = {"select_boundaries": ("surprisal",), "compute_advantages": ("logprobs", "sum_pi_squared")}
+    spans = "call"  # κ and the fitted tree weight learn from every response of the call
 
     @hookimpl
     def retain_nodes(self, batch: RolloutBatch, boundaries: Boundaries, params: TreeOTBParams) -> Nodes:

@@ -43,18 +43,18 @@ import torch
 
 from leaf_plugins.backbones.base import LoadedBackbone
 from leaf_plugins.core.stages import Rollout
-from leaf_plugins.training.decoding.cuda_graph import Capture, GraphedStep, GraphUnusable, cuda_capture
-from leaf_plugins.training.decoding.decode_state import DecodeState
-from leaf_plugins.training.decoding.family import DecoderFamily, decoder_family
-from leaf_plugins.training.decoding.keyed_draw import response_keys
-from leaf_plugins.training.decoding.kv_buffers import KVBuffers
-from leaf_plugins.training.decoding.lean_decoder import LeanDecoder, fold_bytes
-from leaf_plugins.training.decoding.phase_timer import PhaseTimer
-from leaf_plugins.training.decoding.sampling_step import SamplingStep
-from leaf_plugins.training.generate_rollout import generate_rollout, sampling_seed
-from leaf_plugins.training.generation_weights import gathered_for_generation
-from leaf_plugins.training.prompt_embedding import embed_prompts
-from leaf_plugins.training.rollout_assembly import assemble_rollout, audio_token_ids, response_lengths
+from leaf_plugins.rollout.decoding.cuda_graph import Capture, GraphedStep, GraphUnusable, cuda_capture
+from leaf_plugins.rollout.decoding.decode_state import DecodeState
+from leaf_plugins.rollout.decoding.family import DecoderFamily, decoder_family
+from leaf_plugins.rollout.decoding.keyed_draw import response_keys
+from leaf_plugins.rollout.decoding.kv_buffers import KVBuffers
+from leaf_plugins.rollout.decoding.lean_decoder import LeanDecoder, fold_bytes
+from leaf_plugins.rollout.decoding.phase_timer import PhaseTimer
+from leaf_plugins.rollout.decoding.sampling_step import SamplingStep
+from leaf_plugins.rollout.generate import generate_rollout, sampling_seed
+from leaf_plugins.rollout.generation_weights import gathered_for_generation
+from leaf_plugins.rollout.prompt_embedding import embed_prompts
+from leaf_plugins.rollout.assembly import assemble_rollout, audio_token_ids, response_lengths
 
 __all__ = ["static_rollout", "CUDA_CHECK_EVERY", "FOLD_LIMIT_BYTES", "FOLD_MARGIN_FRACTION", "WIDTH_BUCKET",
            "CAPTURES_PER_MODEL", "folds_by_default", "graph_failure", "release_captures", "static_folds"]
@@ -221,6 +221,7 @@ def static_rollout(
     surprisal_from: str = "sampling",
     group_ids: Sequence[int] | None = None,
     seed: int | None = None,
+    sum_pi_squared: bool = True,
     cuda_graph: bool = True,
     fold: bool | None = None,
     capture: Capture | None = None,
@@ -242,7 +243,7 @@ def static_rollout(
     """
     seed = sampling_seed(seed)
     arguments = (model, loaded, inputs, group_size, max_new_tokens, temperature, top_p, surprisal_from, group_ids,
-                 seed)
+                 seed, sum_pi_squared)
     if model in _failures:
         return generate_rollout(*arguments)
     family = decoder_family(model)
@@ -259,7 +260,7 @@ def static_rollout(
 
 def _sample(family: DecoderFamily, model: torch.nn.Module, loaded: LoadedBackbone, inputs: dict[str, torch.Tensor],
             group_size: int, max_new_tokens: int, temperature: float, top_p: float, surprisal_from: str,
-            group_ids: Sequence[int] | None, seed: int, cuda_graph: bool, fold: bool | None,
+            group_ids: Sequence[int] | None, seed: int, sum_pi_squared: bool, cuda_graph: bool, fold: bool | None,
             capture: Capture | None, timer: PhaseTimer | None) -> Rollout:
     tokenizer = loaded.tokenizer
     embeddings = inputs["inputs_embeds"] if "inputs_embeds" in inputs else embed_prompts(model, inputs)  # [P, L, H]
@@ -276,7 +277,7 @@ def _sample(family: DecoderFamily, model: torch.nn.Module, loaded: LoadedBackbon
     with gathered_for_generation(model):  # FSDP2: the loop calls submodules directly, so they must hold full weights
         weights = _weights_key(model)
         key = (prompts, width, rows, max_new_tokens, embeddings.dtype, device, temperature, top_p, banned,
-               tokenizer.eos_token_id, tokenizer.pad_token_id, weights) if graph_capture else None
+               tokenizer.eos_token_id, tokenizer.pad_token_id, sum_pi_squared, weights) if graph_capture else None
         kept = _captures.setdefault(model, OrderedDict()) if graph_capture else None
         captured = kept.pop(key, None) if kept is not None else None
         if kept is not None and captured is None:
@@ -295,7 +296,7 @@ def _sample(family: DecoderFamily, model: torch.nn.Module, loaded: LoadedBackbon
             buffers = KVBuffers.around(cached_keys, values, mask, rows, slots)
             state = DecodeState.start(prompt_lengths, max_new_tokens, tokenizer.pad_token_id, keys)
             sampler = SamplingStep(temperature, top_p, banned, logits.shape[-1], tokenizer.eos_token_id,
-                                   tokenizer.pad_token_id, device)
+                                   tokenizer.pad_token_id, device, sum_pi_squared)
         else:
             buffers, state, sampler = captured.buffers, captured.state, captured.sampler
             buffers.load(cached_keys, values, mask)
@@ -337,4 +338,5 @@ def _sample(family: DecoderFamily, model: torch.nn.Module, loaded: LoadedBackbon
     cut = slice(0, int(response_lengths(state.generated, tokenizer.eos_token_id).max()))  # generate's width
     surprisal = -state.sampling_logprobs if surprisal_from == "sampling" else -state.logprobs
     return assemble_rollout(tokenizer, state.generated[:, cut], state.logprobs[:, cut], surprisal[:, cut],
-                            state.sum_pi_squared[:, cut], logits.shape[-1], group_size, group_ids)
+                            state.sum_pi_squared[:, cut] if sum_pi_squared else None, logits.shape[-1], group_size,
+                            group_ids)

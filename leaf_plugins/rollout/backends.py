@@ -3,7 +3,7 @@
 Backends are a registry (``register_rollout_backends``); this module registers the two
 built-ins through that hook, as any package registers its own. ``static`` is our own
 decode loop (``decoding/static_rollout.py``); ``generate`` is Hugging Face ``generate``
-(``generate_rollout.py``), kept as the reference. Left unset, the static loop runs
+(``generate.py``), kept as the reference. Left unset, the static loop runs
 on the CPU wherever it supports the model; on CUDA ``generate`` runs unless
 ``STATIC_BY_DEFAULT_ON_CUDA`` says otherwise (``static`` is opt-in there: its captured
 step checks itself against the eager step on the first rollout and falls back to
@@ -21,7 +21,7 @@ from leaf_plugins.core.errors import ConfigError, UnknownNameError
 from leaf_plugins.core.hookspecs import hookimpl
 from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.core.stages import Rollout, RolloutRequest
-from leaf_plugins.training.decoding.family import unsupported_reason
+from leaf_plugins.rollout.decoding.family import unsupported_reason
 
 __all__ = ["ROLLOUT_BACKENDS", "StaticBackend", "GenerateBackend", "resolve_backend", "backend_unsupported_reason",
            "register_rollout_backends"]
@@ -44,22 +44,28 @@ class StaticBackend:
         return unsupported_reason(model)
 
     def sample(self, request: RolloutRequest) -> Rollout:
-        from leaf_plugins.training.decoding.static_rollout import static_rollout
+        from leaf_plugins.rollout.decoding.static_rollout import static_rollout
 
         return static_rollout(request.model, request.loaded, request.inputs, request.group_size,
                               request.max_new_tokens, request.temperature, request.top_p, request.surprisal_from,
-                              request.group_ids, request.seed)
+                              request.group_ids, request.seed, wants_sum_pi_squared(request))
 
 
 class GenerateBackend:
     """Hugging Face generate (every model it can run; the reference)."""
 
     def sample(self, request: RolloutRequest) -> Rollout:
-        from leaf_plugins.training.generate_rollout import generate_rollout
+        from leaf_plugins.rollout.generate import generate_rollout
 
         return generate_rollout(request.model, request.loaded, request.inputs, request.group_size,
                                 request.max_new_tokens, request.temperature, request.top_p, request.surprisal_from,
-                                request.group_ids, request.seed)
+                                request.group_ids, request.seed, wants_sum_pi_squared(request))
+
+
+def wants_sum_pi_squared(request: RolloutRequest) -> bool:
+    """Whether the rollout should compute Σ_v π(v)² (an exp over the vocabulary per
+    sampled token): asked for, or every statistic asked for (``fields`` None)."""
+    return request.fields is None or "sum_pi_squared" in request.fields
 
 
 @hookimpl
