@@ -10,10 +10,10 @@ import math
 import pytest
 import torch
 
-from leaf_plugins import hookimpl
 from leaf_plugins.training.lora import lora_state
 from leaf_plugins.training.optimization import schedule_factor
 from leaf_plugins.training.trainer import Trainer
+from test_training_resume import CrashAt
 from training_cases import config, examples, host
 
 ADAM_EPSILON = 1e-8  # torch's AdamW default
@@ -121,7 +121,7 @@ def test_resume_is_bit_identical_with_a_schedule_several_updates_and_mini_batche
                  weight_decay=0.01)
     straight, straight_metrics, _ = train(tmp_path / "straight", steps=4, estimator="leaf", **optim)
     with pytest.raises(RuntimeError):  # a crash after step 3: the rerun resumes from step 2's checkpoint
-        train(tmp_path / "resumed", steps=4, estimator="leaf", plugins=[CrashAfter(3)], **optim)
+        train(tmp_path / "resumed", steps=4, estimator="leaf", plugins=[CrashAt(3)], **optim)
     resumed, resumed_metrics, _ = train(tmp_path / "resumed", steps=4, estimator="leaf", **optim)
     for name, value in lora_state(straight.policy).items():
         assert torch.equal(value, lora_state(resumed.policy)[name]), name
@@ -130,23 +130,3 @@ def test_resume_is_bit_identical_with_a_schedule_several_updates_and_mini_batche
         [{k: v for k, v in m.items() if k not in drop} for m in straight_metrics]
     state = torch.load(tmp_path / "resumed" / "checkpoint-00000004" / "state.pt", weights_only=False)
     assert state["scheduler"]["last_epoch"] == 4
-
-
-class CrashAfter:
-    """Raises an error (a crash: no checkpoint is saved) once step ``step`` has ended."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    @hookimpl
-    def on_step_end(self, step, metrics):
-        if step == self.step:
-            raise RuntimeError("crash")
-
-
-def test_raising_steps_plans_the_rest_of_the_schedule_over_the_new_total(tmp_path):
-    train(tmp_path / "run", steps=4, lr_schedule="linear")
-    _, metrics, _ = train(tmp_path / "run", steps=6, lr_schedule="linear")
-    rates = [m["learning_rate"] for m in metrics]
-    # steps 1-4 as trained (over 4 steps), steps 5-6 from the schedule over 6 steps
-    assert rates == pytest.approx([3e-2 * f for f in (4 / 5, 3 / 5, 2 / 5, 1 / 5, 2 / 7, 1 / 7)], rel=1e-12)
