@@ -197,3 +197,18 @@ def test_a_quoted_choice_is_a_choice(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text('estimator:\n  name: leaf\n  params: {horizon: "each", normalize: \'token\'}\n')
     assert load_train_config(path).estimator.params == {"horizon": "each", "normalize": "token"}
+
+
+def test_a_built_in_tasks_options_are_checked_with_the_config_naming_each_culprit(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("task:\n  name: spoken-translation\n  options:\n    size: 12\n    sizee: 3\n")
+    with pytest.raises(ConfigError) as error:
+        load_train_config(path, ["task.options.workers=many"])
+    lines = str(error.value).splitlines()[1:]
+    assert lines == [  # overrides first, then the file's lines in order
+        "  override 'task.options.workers=many': task.options.workers: task 'spoken-translation': option 'workers' "
+        "must be int, got 'many'",
+        f"  {path}:5:5: task.options.sizee: task 'spoken-translation': unknown option 'sizee'. Did you mean 'size' "
+        f"or 'seed'? Options: seed, size, validation_size, test_size, cache_dir, workers",
+    ]
+    assert load_train_config(path, ["task.options={size: 12}"]).task.options == {"size": 12}

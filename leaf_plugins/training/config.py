@@ -13,6 +13,7 @@ from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.training.aggregation import LOSS_AGGREGATIONS
 from leaf_plugins.training.checkpoint import keep_checkpoints_problem
 from leaf_plugins.training.estimator_switch import announce_dropped, apply_layer, estimator_problems
+from leaf_plugins.tasks.options import parse_options
 from leaf_plugins.training.finite import NONFINITE_REWARD_POLICIES
 from leaf_plugins.training.loss import OLD_LOGPROB_SOURCES
 from leaf_plugins.training.optimization import LR_SCHEDULES
@@ -205,6 +206,13 @@ def named_parameter_problems(data: Any, where: str, host: PluginHost, prefix: st
         if declares:
             problems += [(at, prefix + message) for at, message in located_parameter_problems(
                 "task", name, plugin, task.get("options"), "task.options", where, here(task, "options"))]
+        elif isinstance(getattr(plugin, "options", None), tuple) and isinstance(task.get("options", {}), dict):
+            options = task.get("options") or {}
+            for key, value in options.items():  # the load options a built-in task declares (tasks/options.py)
+                try:
+                    parse_options(name, plugin.options, {key: value})
+                except ConfigError as error:
+                    problems.append((here(options, key), f"{prefix}task.options.{key}: {error}"))
     return problems
 
 
