@@ -171,7 +171,7 @@ def estimators_page() -> str:
     for name in registry.names():
         entry = registry.entry(name)
         doc = inspect.getdoc(entry.value) or ""
-        out += [f"## `{name}`", "", f"From the package `{entry.origin}`.", "", doc, ""]
+        out += [f"## `{name}`", "", f"From the package `{entry.origin}`.", "", doc, "", estimator_reads(entry.value), ""]
         rows = estimator_parameters(name, entry.value)
         if rows:
             out += ["| parameter | type | default | meaning |", "|---|---|---|---|"]
@@ -180,6 +180,26 @@ def estimators_page() -> str:
             out.append("No parameters.")
         out.append("")
     return "\n".join(out)
+
+
+def estimator_reads(estimator: Any) -> str:
+    """What an estimator declares it reads of the batch (``requires``, per stage) and what
+    its advantages depend on (``spans``), in one line."""
+    from leaf_plugins.core.engine import STAGES, declared_requires
+
+    declared = declared_requires(estimator)
+    if declared is None:
+        reads = "Reads: undeclared (every optional per-token field is computed for it)."
+    else:
+        used = [f"{', '.join(f'`{field}`' for field in declared[stage])} ({stage})" for stage in STAGES
+                if declared[stage]]
+        reads = f"Reads: {'; '.join(used)}." if used else "Reads: the rewards only (no optional per-token field)."
+    spans = getattr(estimator, "spans", "call")
+    if callable(spans):
+        spanned = "depends on its parameters (`spans(params)`)"
+    else:
+        spanned = "one group" if spans == "group" else "the whole call"
+    return f"{reads} Spans: {spanned}."
 
 
 def pages() -> dict[str, str]:
