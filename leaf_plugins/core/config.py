@@ -22,7 +22,7 @@ from ruamel.yaml.reader import ReaderError
 from leaf_plugins.core.errors import ConfigError, suggest
 
 __all__ = ["Setting", "load_yaml", "load_config", "parse_overrides", "apply_settings", "apply_overrides", "build",
-           "build_collecting", "set_dotted", "format_errors", "key_location"]
+           "build_collecting", "set_dotted", "format_errors", "key_location", "differing_settings"]
 
 Setting = tuple[str, Any, str]  # (dotted key, value, where it was given: "override 'a.b=1'" or file:line:col)
 
@@ -278,3 +278,14 @@ def key_location(node: Any, key: Any, where: str) -> str:
         return f"{where}:{line + 1}:{column + 1}"
     except (AttributeError, KeyError, TypeError):
         return where
+
+
+def differing_settings(held: Any, wanted: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """``(dotted key, held value, wanted value)`` for every leaf where two nested settings
+    mappings differ, in sorted key order; a key missing on one side counts as None there."""
+    if isinstance(held, dict) and isinstance(wanted, dict):
+        found = []
+        for key in sorted(set(held) | set(wanted), key=str):
+            found += differing_settings(held.get(key), wanted.get(key), f"{prefix}{key}.")
+        return found
+    return [] if held == wanted else [(prefix.rstrip("."), held, wanted)]

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from leaf_plugins.core.config import differing_settings
 from leaf_plugins.core.errors import ConfigError
 
 __all__ = ["claim", "differences"]
@@ -37,13 +38,6 @@ def claim(directory: Path, record: str, settings: Any, what: str, write: bool = 
         path.write_text(json.dumps(wanted, indent=1))
 
 
-def differences(held: dict, wanted: dict, prefix: str = "") -> list[str]:
+def differences(held: dict, wanted: dict) -> list[str]:
     """``"a.b: old -> new"`` for every dotted key whose value differs."""
-    out = []
-    for key in set(held) | set(wanted):
-        a, b = held.get(key), wanted.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += differences(a, b, f"{prefix}{key}.")
-        elif a != b:
-            out.append(f"{prefix}{key}: {a!r} -> {b!r}")
-    return out
+    return [f"{key}: {old!r} -> {new!r}" for key, old, new in differing_settings(held, wanted)]

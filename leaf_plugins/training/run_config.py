@@ -22,6 +22,7 @@ from typing import Any
 
 from ruamel.yaml import YAML
 
+from leaf_plugins.core.config import differing_settings
 from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.core.parameters import ParameterSchema
 from leaf_plugins.core.plugins import PluginHost
@@ -78,7 +79,7 @@ def check_resumed_config(output_dir: Path, config: Any, host: PluginHost) -> Non
         return
     held = YAML(typ="safe", pure=True).load(path.read_text()) or {}
     wanted = resolved_config(config, host)
-    changed = [f"{key}: {old!r} -> {new!r}" for key, old, new in _differences(held, wanted)
+    changed = [f"{key}: {old!r} -> {new!r}" for key, old, new in differing_settings(held, wanted)
                if key.split(".")[0] not in RESUME_FREE_KEYS]
     if changed:
         raise ConfigError(f"{output_dir} holds a run trained with other settings ({path}); resuming it with "
@@ -118,14 +119,3 @@ def run_config_path(path: Path) -> Path:
     that holds one."""
     written = Path(path) / RUN_CONFIG
     return written if Path(path).is_dir() and written.is_file() else Path(path)
-
-
-def _differences(held: Any, wanted: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
-    """``(dotted key, held value, wanted value)`` for every leaf that differs; a key
-    missing on one side counts as None there."""
-    if isinstance(held, dict) and isinstance(wanted, dict):
-        out = []
-        for key in sorted(set(held) | set(wanted), key=str):
-            out += _differences(held.get(key), wanted.get(key), f"{prefix}{key}.")
-        return out
-    return [] if held == wanted else [(prefix.rstrip("."), held, wanted)]
