@@ -10,7 +10,7 @@ import torch
 
 from leaf_plugins.core.finite import check_finite
 
-__all__ = ["RolloutBatch", "GroupLayout", "PER_TOKEN_FIELDS", "RESERVED_NAMES"]
+__all__ = ["RolloutBatch", "GroupLayout", "PER_TOKEN_FIELDS", "RESERVED_NAMES", "group_sum", "group_mean"]
 
 PAD_TOKEN = -1
 """Token id stored at padding positions. Real token ids are non-negative."""
@@ -68,6 +68,21 @@ class GroupLayout:
         return members
 
 
+def group_sum(values: torch.Tensor, layout: GroupLayout) -> torch.Tensor:
+    """Sum of ``values [N, ...]`` over each group's responses -> ``[G, ...]``."""
+    if layout.uniform_size:
+        return values.unflatten(0, (layout.count, layout.uniform_size)).sum(dim=1)
+    out = torch.zeros((layout.count,) + values.shape[1:], dtype=values.dtype, device=values.device)
+    return out.index_add_(0, layout.index, values)
+
+
+def group_mean(values: torch.Tensor, layout: GroupLayout) -> torch.Tensor:
+    """Mean of ``values [N]`` per group -> ``[G]``; 0 for an empty group."""
+    if layout.uniform_size:
+        return values.view(layout.count, layout.uniform_size).mean(dim=1)
+    return group_sum(values, layout) / layout.sizes.clamp(min=1).to(values.dtype)
+
+
 @dataclass(frozen=True)
 class RolloutBatch:
     """A padded batch of sampled responses with their rewards.
@@ -79,8 +94,9 @@ class RolloutBatch:
     ``extra`` holds further per-token fields by name (``{"value": [N, T] float}``, 0 on
     padding) that a rollout backend, a stage plugin or an adapter adds and an estimator
     declares in its ``requires``; they are checked as the built-in fields are (shape,
-    floating dtype, finiteness) and carried by ``to``, ``select`` and ``with_rewards``. All tensors live on one device. ``vocab_size``, when the producer
-    knows it, spares the estimators a scan for the largest token id.
+    floating dtype, finiteness) and carried by ``to``, ``select`` and ``with_rewards``. All
+    tensors live on one device. ``vocab_size``, when the producer knows it, spares the
+    estimators a scan for the largest token id.
 
     Rewards and the per-token fields must be finite: a NaN or an infinity raises
     ``NonFiniteError`` naming the field, the response index, its group id and the token

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from leaf_plugins.core.batch import RolloutBatch
+from leaf_plugins.core.batch import RolloutBatch, group_mean
 
 __all__ = ["Boundaries", "Nodes", "Node", "EstimateResult", "ascending_used_first", "root_only_nodes"]
 
@@ -98,13 +96,7 @@ def root_only_nodes(batch: RolloutBatch) -> Nodes:
     """No retained node, only the root of every group: its mean reward ``V0``. What an
     estimator without a ``retain_nodes`` stage receives in ``compute_advantages``."""
     device = batch.device
-    layout = batch.groups
-    rewards = batch.rewards.double()  # [N]
-    if layout.uniform_size:
-        means = rewards.view(layout.count, layout.uniform_size).mean(dim=1)  # [G]
-    else:
-        totals = torch.zeros(layout.count, dtype=torch.float64, device=device).index_add_(0, layout.index, rewards)
-        means = totals / layout.sizes.clamp(min=1).double()  # [G]
+    means = group_mean(batch.rewards.double(), batch.groups)  # [G]
     empty = torch.zeros(0, dtype=torch.int64, device=device)
     return Nodes(
         group=empty,

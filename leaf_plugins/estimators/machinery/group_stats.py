@@ -10,18 +10,10 @@ import math
 
 import torch
 
-from leaf_plugins.core.batch import GroupLayout, RolloutBatch
+from leaf_plugins.core.batch import GroupLayout, RolloutBatch, group_mean, group_sum
 
 __all__ = ["group_sum", "group_total", "group_mean", "group_std", "pooled_std", "group_extreme", "per_response",
            "by_group", "root_values"]
-
-
-def group_sum(values: torch.Tensor, layout: GroupLayout) -> torch.Tensor:
-    """Sum of ``values [N, ...]`` over each group's responses -> ``[G, ...]``."""
-    if layout.uniform_size:
-        return values.unflatten(0, (layout.count, layout.uniform_size)).sum(dim=1)
-    out = torch.zeros((layout.count,) + values.shape[1:], dtype=values.dtype, device=values.device)
-    return out.index_add_(0, layout.index, values)
 
 
 def group_total(values: torch.Tensor, layout: GroupLayout) -> torch.Tensor:
@@ -30,13 +22,6 @@ def group_total(values: torch.Tensor, layout: GroupLayout) -> torch.Tensor:
     if layout.uniform_size:
         return values.reshape(layout.count, layout.uniform_size * math.prod(values.shape[1:])).sum(dim=1)
     return group_sum(values.reshape(values.shape[0], math.prod(values.shape[1:])).sum(dim=1), layout)
-
-
-def group_mean(values: torch.Tensor, layout: GroupLayout) -> torch.Tensor:
-    """Mean of ``values [N]`` per group -> ``[G]``; 0 for an empty group."""
-    if layout.uniform_size:
-        return values.view(layout.count, layout.uniform_size).mean(dim=1)
-    return group_sum(values, layout) / layout.sizes.clamp(min=1).to(values.dtype)
 
 
 def group_std(values: torch.Tensor, layout: GroupLayout, mean: torch.Tensor) -> torch.Tensor:
