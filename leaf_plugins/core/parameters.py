@@ -36,7 +36,7 @@ from leaf_plugins.core.errors import ConfigError, suggest
 
 __all__ = ["NoParameters", "Parameter", "ParameterSchema", "Problem", "parameters_class", "parameter_list",
            "describe_type", "check_value", "declared_parameters", "parameter_problems", "located_parameter_problems",
-           "configured"]
+           "built_parameters", "with_parameters", "configured"]
 
 
 
@@ -282,6 +282,30 @@ def located_parameter_problems(kind: str, name: str, obj: object, values: Any, p
             for problem in problems]
 
 
+def built_parameters(kind: str, name: str, obj: object, values: Mapping[str, Any] | None = None) -> Any:
+    """The instance of ``obj``'s ``parameters`` dataclass built from ``values``, validated
+    once (every problem together); None when ``obj`` declares none, and then any value is
+    an error.
+
+    :raises ConfigError: every problem of ``values`` at once, naming ``kind`` and ``name``.
+    """
+    values = dict(values or {})
+    declared = declared_parameters(kind, name, obj)
+    if declared is None:
+        if values:  # each one refused
+            raise ConfigError("; ".join(problem.message for problem in parameter_problems(kind, name, obj, values)))
+        return None
+    return ParameterSchema({name: declared}, kind).build(values)[name]
+
+
+def with_parameters(obj: object, params: Any) -> Any:
+    """``obj`` itself when ``params`` is None; else ``obj`` (a class) or its class (an
+    instance) called with ``params``, so a registered instance stands for its class."""
+    if params is None:
+        return obj
+    return (obj if isinstance(obj, type) else type(obj))(params)
+
+
 def configured(kind: str, name: str, obj: object, values: Mapping[str, Any] | None = None) -> Any:
     """What a run uses of the registered (or named) ``obj``, given the parameters ``values``.
 
@@ -293,15 +317,7 @@ def configured(kind: str, name: str, obj: object, values: Mapping[str, Any] | No
 
     :raises ConfigError: every problem of ``values`` at once, naming ``kind`` and ``name``.
     """
-    values = dict(values or {})
-    problems = parameter_problems(kind, name, obj, values)
-    if problems:
-        raise ConfigError("; ".join(problem.message for problem in problems))
-    declared = declared_parameters(kind, name, obj)
-    if declared is None:
-        return obj
-    params = ParameterSchema({name: declared}, kind).build(values)[name]
-    return (obj if isinstance(obj, type) else type(obj))(params)
+    return with_parameters(obj, built_parameters(kind, name, obj, values))
 
 
 def _key(default: Any) -> Any:

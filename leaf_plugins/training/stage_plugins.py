@@ -42,8 +42,7 @@ from leaf_plugins.core.config import key_location, set_dotted
 from leaf_plugins.core.engine import STAGES
 from leaf_plugins.core.errors import ConfigError, LeafError, suggest
 from leaf_plugins.core.hookspecs import PROJECT, LeafSpecs
-from leaf_plugins.core.parameters import (ParameterSchema, configured, declared_parameters,
-                                          located_parameter_problems)
+from leaf_plugins.core.parameters import built_parameters, located_parameter_problems, with_parameters
 from leaf_plugins.core.plugins import PluginHost
 from leaf_plugins.core.stages import Rollout, StepContext
 
@@ -131,11 +130,10 @@ def resolve_plugin(name: str, host: PluginHost, params: Mapping[str, Any] | None
     """
     plugin, distribution = _locate(name, host)
     impls = _run_impls(name, plugin)
-    instance = configured("plugin", name, plugin, params)
+    values = built_parameters("plugin", name, plugin, params)  # None: it declares none
+    instance = with_parameters(plugin, values)
     if isinstance(instance, type):  # a class without parameters
         instance = instance()
-    declared = declared_parameters("plugin", name, plugin)
-    values = None if declared is None else ParameterSchema({name: declared}, "plugin").build(params or {})[name]
     return StagePlugin(name, distribution, _version(distribution), instance, impls, values)
 
 
