@@ -44,7 +44,7 @@ from leaf_plugins.training.finite import bad_reward_prompts, scorer_name
 from leaf_plugins.rollout.generation_weights import gathered_for_generation
 from leaf_plugins.training.lora import attach_lora
 from leaf_plugins.training.loss import policy_loss
-from leaf_plugins.training.optimization import build_optimizer, build_schedule, inner_optimizer, set_schedule_step
+from leaf_plugins.training.optimization import build_optimizer, build_schedule, set_schedule_step
 from leaf_plugins.rollout.sampling import audio_token_ids
 from leaf_plugins.rollout.backends import resolve_backend
 from leaf_plugins.training.run_config import check_resumed_config, write_run_config
@@ -164,8 +164,6 @@ class Trainer:
         stages.fields = frozenset(self.engine.requires)  # the rollout computes only what the estimator reads
         self.stage_plugins = resolve_plugins(config.plugins, host)  # those the run config names, first named first
         register_stage_plugins(self.engine.manager, self.stage_plugins)
-        self.updating = (0, 0)  # (training step, 1-based; optimizer steps made in it): on_optimizer_step's arguments
-        inner_optimizer(self.optimizer).register_step_post_hook(self._after_optimizer_step)
 
     @property
     def policy(self) -> Any:
@@ -196,13 +194,13 @@ class Trainer:
             raise
 
     def _train(self) -> list[dict[str, float]]:
-        start = self._resume()
+        start, resumed_from = self._resume()
         if self.accelerator.is_main_process:
             record_environment(self.output_dir, threads_reason=self.threads.reason)
             record_plugins(self.output_dir, self.stage_plugins, start)
             write_run_config(self.output_dir, self.config, self.host)
         self._lifecycle("on_run_start")
-        self._load_plugin_states(start)
+        self._load_plugin_states(resumed_from, start)
         if self.accelerator.is_main_process:
             self.accelerator.init_trackers("leaf", config=_flat(asdict(self.config)))
         done: list[dict[str, float]] = []
@@ -230,19 +228,12 @@ class Trainer:
         getattr(self.engine.manager.hook, hook)(model=self.policy, optimizer=self.optimizer, config=self.config,
                                                  output_dir=self.output_dir)
 
-    def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        """The optimizer's step post-hook: ``on_optimizer_step`` with the updated policy."""
-        step, update = self.updating
-        self.updating = (step, update + 1)
-        self.engine.manager.hook.on_optimizer_step(model=self.policy, optimizer=self.optimizer, step=step,
-                                                   update=update)
-
-    def _load_plugin_states(self, step: int) -> None:
-        """Hand each named plugin its state saved in the checkpoint resumed from (step ``step``)."""
-        found = latest_checkpoint(self.output_dir) if step else None
-        if found is None:
+    def _load_plugin_states(self, checkpoint: Path | None, step: int) -> None:
+        """Hand each named plugin its state saved in ``checkpoint`` (of step ``step``), the
+        one the run resumed from (None: it started afresh)."""
+        if checkpoint is None:
             return
-        states = load_plugin_states(found, [plugin.name for plugin in self.stage_plugins])
+        states = load_plugin_states(checkpoint, [plugin.name for plugin in self.stage_plugins])
         for plugin in self.stage_plugins:
             if plugin.name in states:
                 call_plugin(plugin, "load_plugin_state", state=states[plugin.name], step=step,
@@ -304,11 +295,12 @@ class Trainer:
         held = contextlib.ExitStack()  # interrupts are held from the first optimizer step until the step is logged
         with held:
             self.model.train()
-            self.updating = (step + 1, 0)
             updates = update_policy(self.learner, config, context, rollout, rollout.batch,
                                     advantages[own.start : own.stop, : rollout.batch.width], kept[own.start : own.stop],
                                     whole.rollout.batch, whole.rollout.prompt_index, kept,
-                                    on_first_step=lambda: held.enter_context(deferred_interrupts()))
+                                    on_first_step=lambda: held.enter_context(deferred_interrupts()),
+                                    after_step=lambda update: self.engine.manager.hook.on_optimizer_step(
+                                        model=self.policy, optimizer=self.optimizer, step=step + 1, update=update))
             metrics = self._step_metrics(batch, result.advantages, dropped, updates)
             metrics.update(rollout_seconds=sampled - started, estimator_seconds=estimated - sampled)
             self.scheduler.step()
@@ -356,7 +348,8 @@ class Trainer:
             chosen.append(self.examples[int(order[position])])
         return chosen
 
-    def _resume(self) -> int:
+    def _resume(self) -> tuple[int, Path | None]:
+        """Load the newest checkpoint, if any; return the step reached and the checkpoint."""
         found = latest_checkpoint(self.output_dir)
         step = 0 if found is None else load_checkpoint(found, self.policy, self.optimizer, self.accelerator,
                                                       self.scheduler)
@@ -369,7 +362,7 @@ class Trainer:
             remove_partials(self.output_dir)
             for log in (self.output_dir / "metrics.jsonl", self.output_dir / ROLLOUT_LOG):
                 truncate_log(log, lambda record: record["step"] <= step)
-        return step
+        return step, found
 
     def _save(self, step: int) -> None:
         """Checkpoint ``step``; an interrupt arriving meanwhile is held until it is on disk."""

@@ -158,9 +158,10 @@ def accumulate_gradients(learner: Learner, config: Any, context: Any, rollout: R
     return {"loss": float(sums[0]), "kl": float(sums[1]), "clip_fraction": float(sums[2])}
 
 
-def update_policy(learner: Learner, config: Any, context: Any, rollout: Rollout, batch: RolloutBatch, advantages: torch.Tensor,
-                  kept: torch.Tensor, whole: RolloutBatch, whole_positions: torch.Tensor, whole_kept: torch.Tensor,
-                  on_first_step: Callable[[], None] = lambda: None) -> dict[str, float]:
+def update_policy(learner: Learner, config: Any, context: Any, rollout: Rollout, batch: RolloutBatch,
+                  advantages: torch.Tensor, kept: torch.Tensor, whole: RolloutBatch, whole_positions: torch.Tensor,
+                  whole_kept: torch.Tensor, on_first_step: Callable[[], None] = lambda: None,
+                  after_step: Callable[[int], None] = lambda update: None) -> dict[str, float]:
     """The step's updates: ``optim.updates_per_rollout`` passes over the rollout, each of
     ``optim.mini_batches`` optimizer steps on one mini-batch of the step's prompts, with
     π_old fixed at the rollout's (or the teacher-forced pass before the first update).
@@ -175,6 +176,8 @@ def update_policy(learner: Learner, config: Any, context: Any, rollout: Rollout,
         count: the normalisers of each mini-batch's loss, without a collective.
     :param on_first_step: called just before the first optimizer step (the trainer holds
         interrupts from there until the step is logged).
+    :param after_step: called after each optimizer step with its number in the step
+        (0-based; the trainer's ``on_optimizer_step`` hook).
     """
     accelerator = learner.accelerator
     optim, device = config.optim, accelerator.device
@@ -197,6 +200,7 @@ def update_policy(learner: Learner, config: Any, context: Any, rollout: Rollout,
         if update == 0:
             on_first_step()
         learner.optimizer.step()
+        after_step(update)
     sums = _summed_over_processes(table, accelerator).sum(dim=1)  # [updates, 3]: each update's, summed in step order
     means = sums.mean(dim=0)
     return {"loss": float(means[0]), "kl": float(means[1]), "clip_fraction": float(means[2]),
