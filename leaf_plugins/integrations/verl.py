@@ -89,9 +89,8 @@ def compute_advantage(data: Any, adv_estimator: Any, *args: Any, **kwargs: Any) 
         data.batch["response_mask"] = ray_trainer.compute_response_mask(data)
     extra = {key: data.batch[key] for key in PASSED_KEYS if key in data.batch.keys()}
     arguments = inspect.signature(_VERL_COMPUTE_ADVANTAGE).bind(data, adv_estimator, *args, **kwargs).arguments
-    requires = _engine(name, _options(arguments.get("config"))).requires
-    extra["extra_fields"] = {key: data.batch[key] for key in requires
-                             if key not in PER_TOKEN_FIELDS and key in data.batch.keys()}
+    # the batch's other entries: the estimator keeps those its requires names as extra per-token fields
+    extra["extra_fields"] = {key: data.batch[key] for key in data.batch.keys() if key not in PER_TOKEN_FIELDS}
     advantages, returns = fn(
         token_level_rewards=data.batch["token_level_rewards"],
         response_mask=data.batch["response_mask"],
@@ -118,7 +117,7 @@ def _verl_estimator(name: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor
         responses: torch.Tensor | None = None,  # [N, T] int: response token ids
         old_log_probs: torch.Tensor | None = None,  # [N, T] float: log pi_old of each response token
         sum_pi_squared: torch.Tensor | None = None,  # [N, T] float: sum_v pi_old(v)^2
-        extra_fields: Mapping[str, torch.Tensor] | None = None,  # name -> [N, T] float, those the estimator requires
+        extra_fields: Mapping[str, torch.Tensor] | None = None,  # name -> [N, T]: kept where the estimator requires it
         **unused: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(advantages, returns)`` ``[N, T]`` each (equal, as verl's outcome estimators
