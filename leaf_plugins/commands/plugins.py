@@ -103,9 +103,7 @@ def _estimator_lines(name: str, estimator: object) -> list[str]:
 
 
 def _aligned(parameters: list[Parameter]) -> list[str]:
-    heads = [f"{p.name}: {p.type_text} = {p.default_text}" for p in parameters]
-    width = max(map(len, heads))
-    return [f"{head.ljust(width)}  {p.help}".rstrip() for head, p in zip(heads, parameters)]
+    return _columns([(f"{p.name}: {p.type_text} = {p.default_text}", p.help) for p in parameters])
 
 
 def _task_option_lines(task: object) -> list[str]:
@@ -113,8 +111,12 @@ def _task_option_lines(task: object) -> list[str]:
     options = getattr(task, "options", None)
     if not isinstance(options, tuple) or not options:
         return []
-    heads = [f"{option.name}: {option.kind} = {'null' if option.default is None else repr(option.default)}"
-             for option in options]
-    width = max(map(len, heads))
-    return ["options (task.options):",
-            *[f"{head.ljust(width)}  {option.help}".rstrip() for head, option in zip(heads, options)]]
+    return ["options (task.options):", *_columns(
+        [(f"{option.name}: {option.kind} = {'null' if option.default is None else repr(option.default)}", option.help)
+         for option in options])]
+
+
+def _columns(rows: list[tuple[str, str]]) -> list[str]:
+    """``head  help`` lines, the helps aligned after the longest head."""
+    width = max(len(head) for head, _ in rows)
+    return [f"{head.ljust(width)}  {help_text}".rstrip() for head, help_text in rows]

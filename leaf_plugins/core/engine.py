@@ -16,12 +16,12 @@ from leaf_plugins.core.parameters import ParameterSchema
 from leaf_plugins.core.plugins import ESTIMATOR_STAGES, SPANS, PluginHost, estimator_problems, get_estimator_host
 from leaf_plugins.core.tree import Boundaries, EstimateResult, Nodes, root_only_nodes
 
-__all__ = ["Engine", "estimate", "parameter_schema", "declared_requires", "STAGES", "DefaultStages"]
+__all__ = ["Engine", "estimate", "parameter_schema", "declared_requires", "STAGES", "EstimatorDefaults"]
 
 STAGES = ESTIMATOR_STAGES
 
 
-class DefaultStages:
+class EstimatorDefaults:
     """The stages an estimator may leave out: no boundaries, and root-only nodes (each
     group's mean reward, no retained node). Registered by the engine for a stage that
     neither the estimator nor a borrowed stage implements."""
@@ -86,7 +86,7 @@ class Engine:
         runs = {stage: (borrowed[stage], host.estimators.get(borrowed[stage])) if stage in borrowed
                 else (estimator, main) if hasattr(main, stage) else None for stage in STAGES}  # who runs each stage
         if any(provider is None for provider in runs.values()):
-            self.manager.register(DefaultStages(), name="defaults")
+            self.manager.register(EstimatorDefaults(), name="defaults")
         self.required_by, self.requires = _requirements(runs)  # field -> (estimator, stage) that declared it
         self.spans = _spans({estimator: main, **{source: host.estimators.get(source) for source in borrowed.values()}},
                             instances)
