@@ -68,8 +68,8 @@ REFERENCE_CASES = [case for case in [("grpo", "paper-6x8x200"), ("leaf", "paper-
 @pytest.mark.parametrize("estimator, size", REFERENCE_CASES)
 def test_reference_speed(benchmark, estimator, size):
     benchmark.group = size
-    benchmark.extra_info.update(estimator=f"{estimator} (reference)", size=size, tokens=int(batch_of(size).lengths.sum()),
-                                threads=torch.get_num_threads())
+    benchmark.extra_info.update(estimator=f"{estimator} (reference)", size=size,
+                                tokens=int(batch_of(size).lengths.sum()), threads=torch.get_num_threads())
     if estimator == "otb":
         run, args = otb_groups, (as_policy_groups(batch_of(size)),)
     else:

@@ -171,7 +171,8 @@ def estimators_page() -> str:
     for name in registry.names():
         entry = registry.entry(name)
         doc = inspect.getdoc(entry.value) or ""
-        out += [f"## `{name}`", "", f"From the package `{entry.origin}`.", "", doc, "", estimator_reads(entry.value), ""]
+        out += [f"## `{name}`", "", f"From the package `{entry.origin}`.", "", doc, "",
+                estimator_reads(entry.value), ""]
         rows = estimator_parameters(name, entry.value)
         if rows:
             out += ["| parameter | type | default | meaning |", "|---|---|---|---|"]

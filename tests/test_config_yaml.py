@@ -59,8 +59,8 @@ def test_every_mistake_is_reported_at_once_the_estimators_parameters_included(tm
         f"  override 'estimator.params.horizon=eachh': estimator.params.horizon: horizon must be one of shortest, "
         f"each; got 'eachh'. Did you mean 'each'?\n"
         f"  {path}:1:1: unknown key 'stpes'. Did you mean 'steps'? Valid keys: output_dir, seed, steps, "
-        f"checkpoint_every, keep_checkpoints, sharding, log_rollouts, nonfinite_rewards, threads, reward, reward_params, "
-        f"plugins, backbone, task, estimator, rollout, optim, lora\n"
+        f"checkpoint_every, keep_checkpoints, sharding, log_rollouts, nonfinite_rewards, threads, reward, "
+        f"reward_params, plugins, backbone, task, estimator, rollout, optim, lora\n"
         f"  {path}:3:3: rollout.group_size: expected int, got 'eight'\n"
         f"  {path}:7:5: estimator.params.fork_budgt: estimator 'leaf' has no parameter 'fork_budgt'. Did you mean "
         f"'fork_budget'? Its parameters: fork_budget, horizon, min_group, normalize, terms\n")

@@ -325,6 +325,7 @@ def test_the_length_penalty_parameter_reaches_the_hook(site, cache, tmp_path):
     task, lengths = logged(tmp_path / "plain")
     penalised, named_lengths = logged(tmp_path / "named")
     assert named_lengths == lengths and any(lengths)  # step 1 samples before any update: the same responses
+    # the plugin subtracts in float32 (rewards in [0, 1]: rounding below 6e-8), the log holds float32 values
     assert penalised == pytest.approx([r - 0.25 * n / MAX_NEW_TOKENS for r, n in zip(task, lengths)], abs=1e-6)
     record = json.loads((tmp_path / "named" / "plugins.json").read_text())
     assert record[0]["plugins"][0]["params"] == {"penalty": 0.25}

@@ -8,7 +8,8 @@ import numpy as np
 import torch
 
 from leaf_plugins import get_host
-from leaf_plugins.training.activation_checkpointing import activation_checkpointing_enabled, enable_activation_checkpointing
+from leaf_plugins.training.activation_checkpointing import (activation_checkpointing_enabled,
+                                                              enable_activation_checkpointing)
 from leaf_plugins.training.lora import attach_lora, lora_state, reference_policy
 
 

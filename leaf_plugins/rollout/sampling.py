@@ -9,8 +9,9 @@ Two distributions are involved at every sampled position:
 
 ``logprobs`` (π_old in the loss ratio) and ``sum_pi_squared`` (Σ_v π_old(v)², which the
 variance-aware estimators read) are always under the policy distribution, which is
-what ``response_logprobs`` (``training/teacher_forcing.py``) computes for π_θ and π_ref, so the ratio is 1 before the first
-update (up to the rounding of the two computations, see docs/training.md).
+what ``response_logprobs`` (``training/teacher_forcing.py``) computes for π_θ and π_ref,
+so the ratio is 1 before the first update (up to the rounding of the two computations,
+see docs/training.md).
 ``surprisal_from`` chooses the distribution of the surprisal LEAF uses to pick
 boundaries: ``"sampling"`` (the default, as the authors' code: after temperature and
 top-p) or ``"policy"`` (``-logprobs``).

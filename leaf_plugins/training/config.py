@@ -251,7 +251,8 @@ def train_validators(host: PluginHost, prefix: str = "") -> dict[str, Callable[[
         else f"must be one of {', '.join(LOSS_AGGREGATIONS)}",
         "optim.old_logprobs": lambda value: None if value in OLD_LOGPROB_SOURCES
         else f"must be one of {', '.join(OLD_LOGPROB_SOURCES)}",
-        "optim.lr_schedule": lambda value: None if value in LR_SCHEDULES else f"must be one of {', '.join(LR_SCHEDULES)}",
+        "optim.lr_schedule": lambda value: None if value in LR_SCHEDULES
+        else f"must be one of {', '.join(LR_SCHEDULES)}",
     }
     return {prefix + key: check for key, check in {**RUN_RANGES, **checks}.items()}
 
