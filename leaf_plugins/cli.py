@@ -8,14 +8,16 @@ import argparse
 import contextlib
 import os
 import sys
+import traceback
 import warnings
 from typing import Iterator, Sequence
 
 from leaf_plugins.core.errors import ConfigNotice, LeafError, PluginLoadError
-from leaf_plugins.core.interrupts import exit_status, interrupt_received, interrupts_as_exceptions
+from leaf_plugins.core.interrupts import exit_status, interrupt_point, received, stop_on_signals
 from leaf_plugins.core.plugins import (
     BUILTIN_DISTRIBUTION, STRICT_ENV, PluginHost, PluginWarning, discover_commands, training_stack_missing,
 )
+from leaf_plugins.core.processes import launch_rank, note_said, report_failure
 from leaf_plugins.core.version import package_version
 
 __all__ = ["main", "script", "build_parser"]
@@ -58,14 +60,18 @@ def build_parser(commands: PluginHost | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None, restore_signals: bool = True) -> int:
     """Run one ``leaf`` command and return its exit status. SIGINT (Ctrl-C) and SIGTERM
-    stop a command in order: it keeps what is complete, one line on stderr says what,
-    and the exit status is 130 (SIGINT) or 143 (SIGTERM). The previous signal handlers
-    are restored afterwards unless ``restore_signals`` is false (``script``: the process
-    exits next, and a signal after the command has finished is ignored)."""
+    stop a command in order at its next safe point (``core/interrupts.py``): it keeps
+    what is complete, one line on stderr says what, and the exit status is 130 (SIGINT)
+    or 143 (SIGTERM); a second signal, seconds after the first, stops it at once. Under
+    a launch of several processes the main process alone says it, and an error is said
+    once, by the process that had it (``core/processes.py``). The previous signal
+    handlers are restored afterwards unless ``restore_signals`` is false (``script``:
+    the process exits next, and a signal after the command has finished is ignored)."""
     command = ""  # known once the arguments are parsed
-    with interrupts_as_exceptions(restore=restore_signals):
+    with stop_on_signals(restore=restore_signals):
         try:
             parser = build_parser()
+            interrupt_point()  # a signal during start-up (the imports)
             args, extra = parser.parse_known_args(argv)
             command = args.command
             if extra and hasattr(args, "overrides") and all("=" in arg and not arg.startswith("-") for arg in extra):
@@ -75,21 +81,41 @@ def main(argv: Sequence[str] | None = None, restore_signals: bool = True) -> int
             with _notices_as_notes(command):
                 return int(args.run(args) or 0)
         except KeyboardInterrupt as interrupt:
-            print(f"{_prefix(command)}: {_interrupted(interrupt)}", file=sys.stderr)
-            return exit_status(interrupt)
+            return _stopped(command, interrupt)
         except Exception as error:
-            interrupt = interrupt_received()
-            if interrupt is not None:  # the interrupt, turned into another error by a library it went through
-                print(f"{_prefix(command)}: {_interrupted(interrupt)}", file=sys.stderr)
-                return exit_status(interrupt)
-            missing = training_stack_missing(error)
-            if missing is not None:
-                print(f"{_prefix(command)}: error: {missing}", file=sys.stderr)
-                return 2
-            if not isinstance(error, LeafError):
-                raise
-            print(f"{_prefix(command)}: error: {error}", file=sys.stderr)
-            return 2
+            interrupt = received()
+            if interrupt is not None:  # the interrupt, turned into another error (a subprocess it ended, a peer)
+                return _stopped(command, interrupt)
+            return _failed(command, error)
+
+
+def _stopped(command: str, interrupt: KeyboardInterrupt) -> int:
+    """Say (the main process of a launch alone) that the command was interrupted and what
+    it kept; the exit status of the signal."""
+    rank, world = launch_rank()
+    if rank == 0:
+        print(f"{_prefix(command)}: {_interrupted(interrupt)}", file=sys.stderr)
+        if world > 1:
+            note_said()
+    return exit_status(interrupt)
+
+
+def _failed(command: str, error: Exception) -> int:
+    """Say what failed (once across a launch: ``processes.report_failure``); 2 for bad
+    input (a ``LeafError``, a missing extra), 1 otherwise. On one process an unexpected
+    error keeps its Python traceback."""
+    missing = training_stack_missing(error)
+    known = missing is not None or isinstance(error, LeafError)
+    if launch_rank()[1] == 1:
+        if not known:
+            raise error
+        print(f"{_prefix(command)}: error: {missing or error}", file=sys.stderr)
+        return 2
+    text = (missing or str(error)) if known else "".join(traceback.format_exception(error)).rstrip()
+    line = report_failure(error, text)
+    if line is not None:
+        print(f"{_prefix(command)}: {line}", file=sys.stderr)
+    return 2 if known else 1
 
 
 def _add_unavailable(sub: argparse._SubParsersAction, name: str, help: str, missing: str) -> None:

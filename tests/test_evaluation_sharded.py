@@ -98,7 +98,7 @@ plugins: [eval_batch_recorder]
     # each under the number it has on one process
     asked = {rank: (tmp_path / "log-two" / f"rank{rank}.txt").read_text().splitlines() for rank in (0, 1)}
     alone = (tmp_path / "log-one" / "rank0.txt").read_text().splitlines()
-    assert [line.split()[0] for line in alone] == ["0", "1", "2"]
+    assert [line.split()[0] for line in alone] == ["1", "2", "3"]
     assert asked == {0: alone[:2], 1: alone[2:]}
 
 
@@ -153,5 +153,5 @@ evaluation: {{split: validation, runs: 2, max_new_tokens: 6, batch_prompts: 1, m
         return [line for line in log.read_text().splitlines() if set(line.split()[1:]) <= held_out]
 
     alone = evaluated(tmp_path / "log-one" / "rank0.txt")
-    assert [line.split()[0] for line in alone] == ["0", "1", "2"]
+    assert [line.split()[0] for line in alone] == ["1", "2", "3"]
     assert [evaluated(tmp_path / "log-two" / f"rank{rank}.txt") for rank in (0, 1)] == [alone[:2], alone[2:]]

@@ -34,7 +34,7 @@ from leaf_plugins import hookimpl
 
 @hookimpl
 def score_rollouts(context, rollout):
-    if os.environ.get("LEAF_TEST_FAIL_AT") == str(context.step + 1):
+    if os.environ.get("LEAF_TEST_FAIL_AT") == str(context.step):
         raise RuntimeError("the scoring service is down")
     tokens = rollout.batch.tokens.clamp(min=0).cpu()  # [N, T]
     return (tokens.sum(dim=1) % 7).float() / 7  # [N]

@@ -37,8 +37,9 @@ def trainer(tmp_path_factory):
 def by_hand(trainer, aggregation: str, old_logprobs: str = "rollout") -> dict[str, torch.Tensor]:
     """The aggregation written out over the whole step in one pass; π_old from the rollout
     or, with ``old_logprobs="teacher_forced"``, the pass itself (detached)."""
-    context, rollout, batch, advantages = fixed_step(trainer, examples(PROMPTS))
-    optim, inputs = trainer.config.optim, context.inputs
+    data = fixed_step(trainer, examples(PROMPTS))
+    rollout, batch, advantages = data.rollout, data.whole, data.advantages
+    optim, inputs = trainer.config.optim, data.context.inputs
     mask = batch.mask
     with torch.no_grad(), reference_policy(trainer.policy):
         reference = response_logprobs(trainer.policy, inputs, batch.tokens, batch.lengths, rollout.prompt_index)
@@ -76,7 +77,7 @@ def test_one_and_three_micro_batches_give_the_step_gradient(trainer, aggregation
             scale = float(expected[name].abs().max())
             torch.testing.assert_close(got[name], expected[name], rtol=0, atol=1e-5 * scale,
                                        msg=lambda m, name=name: f"{name}: {m}")
-    lengths = fixed_step(trainer, examples(PROMPTS))[2].lengths
+    lengths = fixed_step(trainer, examples(PROMPTS)).whole.lengths
     assert len(set(lengths.tolist())) > 1  # the groups differ in length: a per-micro-batch mean would differ
 
 

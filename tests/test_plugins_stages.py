@@ -89,7 +89,7 @@ from leaf_plugins import hookimpl
 
 @hookimpl
 def score_rollouts(context, rollout):
-    if os.environ.get("LEAF_TEST_FAIL_AT") == str(context.step + 1):
+    if os.environ.get("LEAF_TEST_FAIL_AT") == str(context.step):
         raise RuntimeError("the scoring service is down")
     return None
 '''
@@ -223,7 +223,7 @@ def test_a_registered_rollout_backend_samples_for_the_trainer(site, cache, tmp_p
                  LEAF_TEST_REQUESTS=str(requests))
     assert done.returncode == 0, done.stderr
     calls = [json.loads(line) for line in requests.read_text().splitlines()]
-    assert [call["step"] for call in calls] == [0, 1]
+    assert [call["step"] for call in calls] == [1, 2]  # 1-based, as every hook numbers the steps
     for call in calls:
         assert (call["prompts"], call["group_size"], call["max_new_tokens"]) == (2, 4, MAX_NEW_TOKENS)
         assert (call["temperature"], call["top_p"]) == (1.0, 0.9)  # the run config's (Table 7) defaults

@@ -318,3 +318,38 @@ def test_held_out_predictions_are_sampled_by_the_runs_rollout_backend(tmp_path, 
                                            settings.max_new_tokens, settings.batch_prompts, settings.seed,
                                            backend)[0] for backend in ("generate", "static")}
     assert written == sampled["generate"] == sampled["static"]
+
+
+@pytest.mark.slow  # a 2-run study on one process and under a launch of three (about 2 minutes on 2 cores)
+def test_a_study_on_three_processes_trains_what_one_process_trains(tmp_path):
+    """Under ``accelerate launch --num_processes 3``: 4 prompts a step in shares of 2, 1
+    and 1, two prompts a micro-batch, LoRA dropout on. Every run logs the one-process
+    metrics and ends with its adapter up to rounding; its training time is one figure."""
+    import os
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    from test_training_world_size import assert_same_training, free_port
+
+    overrides = ["seeds=[0]", "base.rollout.prompts_per_step=4", "base.optim.micro_batch_prompts=2",
+                 "base.lora.dropout=0.1", "base.keep_checkpoints=all"]
+    study = tiny_study(tmp_path, "one")
+    assert main(["study", str(study), *overrides]) == 0
+    done = subprocess.run(
+        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "3", "--num_machines",
+         "1", "--main_process_port", str(free_port()), "--mixed_precision", "no", "--dynamo_backend", "no", "-m",
+         "leaf_plugins.cli", "study", str(study), *overrides, f"output_dir={tmp_path / 'three'}"],
+        capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    for run in ("estimator=grpo", "estimator=leaf"):
+        one, three = (tmp_path / side / "runs" / run / "seed-0" for side in ("one", "three"))
+        assert_same_training(three, one)
+        final = "checkpoint-00000003/adapter/adapter_model.safetensors"
+        expected, found, first = (load_file(str(path)) for path in (
+            one / final, three / final, one / "checkpoint-00000001/adapter/adapter_model.safetensors"))
+        moved = sum(float((expected[k] - first[k]).pow(2).sum()) for k in expected) ** 0.5
+        apart = sum(float((found[k] - expected[k]).pow(2).sum()) for k in expected) ** 0.5
+        assert moved > 0 and apart <= 0.01 * moved, (run, apart, moved)  # float32 sums in another order
+        assert len((three / "train_seconds.txt").read_text().split()) == 1  # the main process's wall time alone

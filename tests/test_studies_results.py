@@ -61,7 +61,7 @@ evaluation: {{metrics: [bleu, length]{judges}}}
     for run in study.runs:
         variation = run.config.estimator.name
         predictions = _predictions(variation, run.seed)
-        _claim(run, study, write=True)  # the run directory's record of its settings, as the runner writes it
+        _claim(run, study)  # the run directory's record of its settings, as the runner writes it
         with (run.directory / "predictions-run0.jsonl").open("w") as handle:
             for k, (prediction, reference) in enumerate(zip(predictions, REFERENCES)):
                 handle.write(json.dumps({"id": f"i{k}", "prediction": prediction, "reference": reference,

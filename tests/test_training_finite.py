@@ -80,7 +80,7 @@ class BreakLossAt:
     @hookimpl(wrapper=True)
     def compute_loss(self, context, logprobs, old_logprobs, reference_logprobs, advantages, mask):
         result = yield
-        if context.step + 1 != self.step:
+        if context.step != self.step:
             return result
         moved = (logprobs - logprobs.detach())[mask].sum()
         loss = result.loss + math.nan if self.kind == "loss" else torch.sqrt(moved * moved)

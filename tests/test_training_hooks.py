@@ -178,6 +178,6 @@ def test_held_out_sampling_goes_through_a_named_rollout_plugin(tmp_path):
     policy = load_policy(cfg.backbone, None, installed)
     runs = sample_predictions(policy, examples(3), runs=2, temperature=0.7, top_p=0.8, max_new_tokens=5,
                               batch_prompts=2, stage=rollout_stage(cfg, installed))
-    assert recorder.asked == [(0, 2, 2, 0.7, 0.8, 5), (1, 1, 2, 0.7, 0.8, 5)]  # the evaluation's settings
+    assert recorder.asked == [(1, 2, 2, 0.7, 0.8, 5), (2, 1, 2, 0.7, 0.8, 5)]  # the evaluation's settings
     assert [text for example in zip(*runs) for text in example] == recorder.texts  # prompt-major, runs consecutive
     assert rollout_stage(replace(cfg, plugins=[]), installed) is None

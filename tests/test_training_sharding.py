@@ -21,7 +21,8 @@ from leaf_plugins import ConfigError
 from leaf_plugins.training.checkpoint import load_checkpoint, save_checkpoint
 from leaf_plugins.training.config import load_train_config
 from leaf_plugins.training.lora import load_lora, lora_state
-from leaf_plugins.training.sharding import check_equal_passes, shard_policy
+from leaf_plugins.training.sharding import shard_policy
+from leaf_plugins.training.whole_step import micro_batches_per_process
 from leaf_plugins.training.trainer import Trainer
 from training_cases import config, examples, host
 
@@ -111,10 +112,10 @@ def test_a_sharded_checkpoint_holds_a_peft_adapter_the_shards_and_every_ranks_rn
     assert sorted(p.name for p in run.iterdir() if p.name.startswith(("checkpoint-", ".partial-"))) == [
         "checkpoint-00000002", "checkpoint-00000004"]  # keep_checkpoints: all
     checkpoint = run / "checkpoint-00000004"
-    assert {p.name for p in checkpoint.iterdir()} >= {"adapter", "state.pt", "rng-rank0.pt", "rng-rank1.pt", "sharded"}
+    assert {p.name for p in checkpoint.iterdir()} >= {"adapter", "state.pt", "rng-rank0.pt", "rng-rank1.pt", "trained"}
     state = torch.load(checkpoint / "state.pt", weights_only=False)
     assert (state["step"], state["world_size"], state["sharding"]) == (4, 2, "fsdp2")
-    assert len(list((checkpoint / "sharded").glob("*.distcp"))) == 2  # each rank wrote its shards
+    assert len(list((checkpoint / "trained").glob("*.distcp"))) == 2  # each rank wrote its shards
     # peft reads the adapter as it reads an unsharded run's: the trained weights, bit for bit
     backbone = host().backbones.get("tiny-qwen2-audio")
     loaded = load_lora(backbone.load(seed=0).model, str(checkpoint / "adapter"))
@@ -202,16 +203,17 @@ def test_keep_checkpoints_and_sharding_are_validated_with_their_locations(tmp_pa
     assert load_train_config(path, ["keep_checkpoints=3", "sharding=fsdp2"]).keep_checkpoints == 3
 
 
-def test_a_sharded_run_needs_the_same_micro_batches_on_every_process():
-    check_equal_passes(4, 2, 2)  # 2 prompts each, one micro-batch each
-    with pytest.raises(ConfigError, match=r"gives them 1, 2: set rollout.prompts_per_step to a multiple of processes "
-                                          r"× micro_batch_prompts × mini_batches \(e.g. 6\)"):
-        check_equal_passes(4, 3, 2)  # prompts 0-1 | 2-3 of the micro-batches 0-2 | 3-5
-    check_equal_passes(4, 2, 2, mini_batches=2)  # mini-batches {0, 2} and {1, 3}: one prompt of each per process
-    with pytest.raises(ConfigError, match=r"gives them 2, 1 in mini-batch 1 of 2: .* \(e.g. 8\)"):
-        check_equal_passes(6, 1, 2, mini_batches=2)  # positions 0, 2 | 4 of mini-batch 1
+def test_every_process_runs_as_many_micro_batches_as_the_one_with_the_most():
+    """Under FSDP2 every forward pass gathers weights from all processes: a process with
+    fewer micro-batches in a mini-batch makes up the count with stand-ins of weight 0."""
+    assert micro_batches_per_process(4, 2, 2, 1, 0) == 1  # 2 prompts each, one micro-batch each
+    assert micro_batches_per_process(4, 3, 2, 1, 0) == 2  # prompts 0-1 | 2-3 of the micro-batches 0-2 | 3-5
+    assert micro_batches_per_process(4, 2, 2, 2, 0) == 1  # mini-batches {0, 2} and {1, 3}: one of each per process
+    assert micro_batches_per_process(6, 1, 2, 2, 0) == 2  # positions 0, 2 | 4 of mini-batch 0
+    assert micro_batches_per_process(7, 1, 3, 1, 0) == 3  # shares 3, 2, 2
+    assert micro_batches_per_process(2, 1, 3, 2, 1) == 1  # a process with none of the mini-batch: one stand-in
 
 
 def test_sharding_a_single_process_run_is_refused_with_the_launch_command():
     with pytest.raises(ConfigError, match=r"this run has one: launch it with `torchrun --nproc_per_node N"):
-        shard_policy(torch.nn.Linear(2, 2), Accelerator(cpu=True), prompts_per_step=6, micro_batch_prompts=1)
+        shard_policy(torch.nn.Linear(2, 2), Accelerator(cpu=True))

@@ -21,7 +21,7 @@ from leaf_plugins.training.whole_step import check_world, prompt_share
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 REPOSITORY = Path(__file__).resolve().parents[1]
 ESTIMATORS = ("grpo", "leaf", "collision", "full_tree", "otb", "tree_rloo", "tree_otb")
-RUNS = (*ESTIMATORS, "dropped", "updates")
+RUNS = (*ESTIMATORS, "dropped", "updates", "micro_batches")
 ENVIRONMENT = {**os.environ, "OMP_NUM_THREADS": "1", "LEAF_PLUGINS_STRICT": "1"}
 
 RELATIVE = 1e-4
@@ -126,8 +126,22 @@ def test_every_estimator_trains_the_same_on_several_processes(one_process, tmp_p
         expected = [json.loads(line) for line in (one_process / run / "rollouts.jsonl").read_text().splitlines()]
         assert [(g["step"], g["group_id"], g["tokens"]) for g in logged] == \
             [(g["step"], g["group_id"], g["tokens"]) for g in expected]
+    # two prompts a micro-batch, cut at other places by the shares (3, 2, 2 or 4, 3), with dropout on: what one
+    # process trains with one prompt a micro-batch
+    assert_same_training(tmp_path / "micro_batches", one_process / "leaf")
+    assert_same_adapter(torch.load(tmp_path / "micro_batches" / "adapter.pt"),
+                        torch.load(one_process / "leaf" / "adapter.pt"))
     dropped = read_metrics(tmp_path / "dropped" / "metrics.jsonl")
     assert [m["groups_dropped"] for m in dropped] == [2.0, 1.0]  # the third process's whole share at step 1
+
+
+@pytest.mark.slow  # the one-process fixture's runs
+def test_micro_batches_change_nothing_but_rounding_with_dropout_on(one_process):
+    """``optim.micro_batch_prompts`` is a memory setting: LoRA dropout's masks are keyed by
+    each row, not drawn per micro-batch, so 2 prompts a micro-batch train what 1 does."""
+    assert_same_training(one_process / "micro_batches", one_process / "leaf")
+    assert_same_adapter(torch.load(one_process / "micro_batches" / "adapter.pt"),
+                        torch.load(one_process / "leaf" / "adapter.pt"))
 
 
 @pytest.mark.slow  # two short CLI runs and one refused launch

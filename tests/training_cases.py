@@ -50,15 +50,18 @@ def config(output_dir, estimator: str = "grpo", steps: int = 4, checkpoint_every
 def fixed_step(trainer, prompts: list[Example], rank: int = 0, world: int = 1, seed: int = 0):
     """A step on ``prompts`` that every process can rebuild identically: sampled with a
     fixed seed from the initial weights, then responses cut to random lengths (so groups
-    differ in length) with random token advantages; returns this process's share
-    (prompts ``rank::world``) as ``(context, rollout, batch, advantages)``."""
+    differ in length) with random token advantages. Returns the ``StepData`` of process
+    ``rank`` of ``world`` (its contiguous share of the prompts, as the trainer's), whose
+    ``whole`` is the whole step's batch."""
     from dataclasses import replace
 
     import torch
 
     from leaf_plugins.core.stages import Rollout, StepContext
-    from leaf_plugins.rollout.sampling import sample_responses
     from leaf_plugins.rollout.prompt_embedding import with_prompt_embeddings
+    from leaf_plugins.rollout.sampling import sample_responses
+    from leaf_plugins.training.update import StepData
+    from leaf_plugins.training.whole_step import prompt_share
 
     backbone, loaded, policy = trainer.backbone, trainer.loaded, trainer.policy
     inputs = with_prompt_embeddings(policy, backbone.build_inputs(loaded, [e.prompt for e in prompts],
@@ -73,25 +76,32 @@ def fixed_step(trainer, prompts: list[Example], rank: int = 0, world: int = 1, s
     batch = replace(batch, tokens=torch.where(real, batch.tokens, -1), lengths=lengths,
                     logprobs=torch.where(real, batch.logprobs, 0.0) - 0.1 * real)  # ratios != 1: clipping matters
     advantages = torch.randn(batch.tokens.shape, generator=generator) * real
-    mine = list(range(rank, len(prompts), world))
-    rows = torch.nonzero(torch.isin(rollout.prompt_index, torch.tensor(mine))).squeeze(1)
-    renumber = {prompt: position for position, prompt in enumerate(mine)}
-    share = Rollout(batch=batch.select(rows), texts=[rollout.texts[i] for i in rows.tolist()],
-                    prompt_index=torch.tensor([renumber[int(p)] for p in rollout.prompt_index[rows]]))
-    local = {key: value[mine] for key, value in inputs.items()}
-    context = StepContext(0, policy, loaded, [prompts[i] for i in mine], local, trainer.config)
-    return context, share, share.batch, advantages[rows]
+    share = prompt_share(len(prompts), rank, world)
+    rows = torch.nonzero((rollout.prompt_index >= share.start) & (rollout.prompt_index < share.stop)).squeeze(1)
+    mine = Rollout(batch=batch.select(rows), texts=[rollout.texts[i] for i in rows.tolist()],
+                   prompt_index=rollout.prompt_index[rows] - share.start)
+    local = {key: value[share.start : share.stop] for key, value in inputs.items()}
+    context = StepContext(1, policy, loaded, prompts[share.start : share.stop], local, trainer.config,
+                          first_prompt=share.start)
+    everything = torch.ones(batch.size, dtype=torch.bool)
+    return StepData(context, mine, advantages[rows], everything[rows], batch, rollout.prompt_index, everything)
 
 
 def step_gradient(trainer, prompts: list[Example], rank: int = 0, world: int = 1) -> dict:
-    """The LoRA gradient ``accumulate_gradients`` leaves for this process's share of
-    ``fixed_step`` (after DDP's all-reduce when several processes run it)."""
-    from leaf_plugins.training.update import accumulate_gradients
+    """The LoRA gradient the trainer's update (``update_policy``) leaves for process
+    ``rank``'s share of ``fixed_step`` (after DDP's all-reduce when several processes run
+    it), stepped by an optimizer of learning rate 0 so that the weights stay as they are."""
+    from dataclasses import replace
 
-    context, rollout, batch, advantages = fixed_step(trainer, prompts, rank, world)
+    import torch
+
+    from leaf_plugins.training.update import update_policy
+
+    data = fixed_step(trainer, prompts, rank, world)
     trainer.model.train()
-    trainer.optimizer.zero_grad()
-    accumulate_gradients(trainer.learner, trainer.config, context, rollout, batch, advantages)
+    unmoved = replace(trainer.learner, optimizer=torch.optim.SGD(
+        [p for p in trainer.policy.parameters() if p.requires_grad], lr=0.0))
+    update_policy(unmoved, data)
     grads = {name: p.grad.clone() for name, p in trainer.policy.named_parameters() if p.requires_grad}
     trainer.optimizer.zero_grad()
     trainer.model.eval()

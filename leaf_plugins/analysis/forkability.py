@@ -18,6 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from leaf_plugins.core.batch import RolloutBatch
+from leaf_plugins.core.interrupts import interrupt_point
 from leaf_plugins.estimators.machinery.prefixes import SortedPrefixes
 
 __all__ = [
@@ -216,6 +217,7 @@ def forkability_from_batches(
     engine = Engine(estimator, {"fork_budget": fork_budget, **params})
     report = ForkabilityReport(label=label, tau=tau)
     for batch in tqdm(batches, desc=f"forkability {label}", unit="batch", total=total):
+        interrupt_point()  # Ctrl-C stops between batches
         result = engine.estimate(batch)
         report.add(fork_events(batch, result.boundary_table.positions, tau), batch.groups.count)
     return report

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from leaf_plugins.core.errors import ConfigError
+from leaf_plugins.core.interrupts import interrupt_point
 
 NAME = "bench"
 HELP = ("Run benchmarks: 'speed' times estimators (every registered one, or those --estimator names) against "
@@ -249,6 +250,7 @@ def run_step(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for shape in tqdm(shapes, desc="steps", unit="step"):
+        interrupt_point()  # Ctrl-C stops between shapes (the rows measured so far are kept)
         rows.append(run_in_process(shape))
         (args.out / "step.json").write_text(json.dumps(rows, indent=1))  # kept if a later step is interrupted
     table, accounting = step_table(rows), accounting_table()

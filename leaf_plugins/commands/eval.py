@@ -148,7 +148,8 @@ def run_generate(args: argparse.Namespace) -> int:
     from accelerate import PartialState
 
     from leaf_plugins.evaluation.predictions import write_predictions
-    from leaf_plugins.evaluation.sampling import launch_rank, load_policy, run_to_sample, sample_predictions
+    from leaf_plugins.core.processes import group_rank
+    from leaf_plugins.evaluation.sampling import load_policy, run_to_sample, sample_predictions
     from leaf_plugins.core.plugins import get_host
     from leaf_plugins.training.config import load_train_config, task_examples
     from leaf_plugins.training.run_config import check_same_backbone, run_config_path
@@ -165,7 +166,7 @@ def run_generate(args: argparse.Namespace) -> int:
     runs = sample_predictions(policy, examples, args.runs, args.temperature, args.top_p, args.max_new_tokens,
                               args.batch_prompts, args.seed, config.rollout.backend,
                               rollout_stage(config, get_host()), config.rollout.backend_params)
-    if launch_rank()[0] != 0:  # every process sampled its share; the first writes the whole evaluation
+    if group_rank()[0] != 0:  # every process sampled its share; the first writes the whole evaluation
         return 0
     paths = write_predictions(args.out, examples, runs)
     print(f"{len(examples)} examples x {args.runs} runs from {run_dir or 'the starting model'}: "

@@ -22,10 +22,12 @@ plugins: a run uses the training-stage hooks (rollout, score_rollouts, compute_l
 of the plugins its config names, e.g. 'plugins=[length-penalty]', and of no other
 (leaf plugins --kind stage lists those installed; docs/plugins.md).
 
-A run resumes from the newest checkpoint in its output_dir (and says from which step).
-The run writes its resolved config to output_dir/config.yaml; resuming with settings that
-train something else is an error naming them (steps, output_dir, checkpoint_every,
-keep_checkpoints, log_rollouts and threads may change): give such a run its own output_dir.
+A run resumes from the newest checkpoint in its output_dir (and says from which step),
+on any number of processes, sharded or not. The run writes its resolved config to
+output_dir/config.yaml; resuming with settings that train something else is an error
+naming them (steps, output_dir, checkpoint_every, keep_checkpoints, log_rollouts, threads,
+sharding, optim.micro_batch_prompts and optim.activation_checkpointing may change): give
+such a run its own output_dir.
   leaf train runs/tiny-qwen2-audio-leaf/config.yaml steps=40   # the same run, 40 steps"""
 
 

@@ -224,12 +224,15 @@ class LeafSpecs:
         rollout backend ``rollout.backend`` names: ``static``, ``generate`` or one a
         package registered with ``register_rollout_backends``).
 
-        :param context: the step: model, backbone, model inputs of the prompts (with
-            their ``inputs_embeds``), the examples, the run configuration.
+        :param context: the step (``step`` 1-based): model, backbone, model inputs of
+            this process's prompts (with their ``inputs_embeds``), the examples, their
+            ``group_ids``, the run configuration.
         :return: a ``Rollout`` (``core/stages.py``): a batch of K consecutive rows per
             prompt with tokens (EOS included, then -1), log π_old under logits /
-            temperature without top-p, surprisal, Σπ², the logits' width; the prompt
-            index; the texts (``register_rollout_backends`` describes every field).
+            temperature without top-p, surprisal, Σπ², the logits' width, each prompt's
+            group id from ``context.group_ids``; the prompt index; the texts
+            (``register_rollout_backends`` describes every field). Under a launch of
+            several processes every process returns the same per-token fields.
 
         Stops at first non-None result.
         """
@@ -314,8 +317,8 @@ class LeafSpecs:
         :param step: the training step being made, 1-based.
         :param update: the optimizer step within it, 0-based.
 
-        Called while interrupts are held (the step's updates and its log line are one
-        unit); keep it short or hand the work to a thread.
+        A signal is taken before the step's updates or after its log line, never
+        between them; keep this short or hand the work to a thread.
         """
 
     @hookspec

@@ -24,7 +24,7 @@ import pluggy
 
 from leaf_plugins.core.errors import LeafError, PluginLoadError, UnknownNameError
 from leaf_plugins.core.hookspecs import PROJECT, LeafSpecs
-from leaf_plugins.core.interrupts import interrupt_received
+from leaf_plugins.core.interrupts import received
 from leaf_plugins.core.registry import Entry, Registry
 
 __all__ = ["PluginHost", "LoadedPlugin", "get_host", "get_estimator_host", "discover_commands", "STRICT_ENV",
@@ -173,7 +173,7 @@ class PluginHost:
         try:
             action()
         except Exception as error:  # a broken third-party plugin must not take the tool down
-            interrupt = interrupt_received()
+            interrupt = received()
             if interrupt is not None:  # Ctrl-C inside its import, wrapped by the library it went through
                 raise interrupt from error
             if isinstance(error, LeafError):

@@ -20,14 +20,19 @@ if TYPE_CHECKING:
     from leaf_plugins.core.backbone import LoadedBackbone
     from leaf_plugins.core.task import Example
 
-__all__ = ["StepContext", "RolloutRequest", "Rollout", "PolicyLoss"]
+__all__ = ["StepContext", "GROUP_ID_STRIDE", "RolloutRequest", "Rollout", "PolicyLoss"]
+
+
+GROUP_ID_STRIDE = 1_000_000
+"""Group ids of training step s are ``(s - 1) · GROUP_ID_STRIDE`` plus the prompt's
+position in the step (``StepContext.group_ids``)."""
 
 
 @dataclass
 class StepContext:
     """What the stage hooks of one step see."""
 
-    step: int
+    step: int  # the training step, 1-based (as on_step_end, on_optimizer_step and metrics.jsonl number it)
     model: Any  # the PeftModel (unwrapped from DDP)
     loaded: "LoadedBackbone"
     examples: "list[Example]"  # this process's prompts of the step
@@ -35,6 +40,13 @@ class StepContext:
     config: Any  # the run's ``TrainConfig`` (``leaf_plugins.training.config``)
     first_prompt: int = 0  # the step position of ``examples[0]``: this process's prompts are the step's
     # ``first_prompt … first_prompt + len(examples) - 1`` (0 on one process)
+
+    @property
+    def group_ids(self) -> list[int]:
+        """The group id of each of ``examples``: unique in the run, the same on any number
+        of processes (a rollout plugin gives its groups these ids; the built-in backends
+        key each response's sampling with them)."""
+        return [(self.step - 1) * GROUP_ID_STRIDE + self.first_prompt + i for i in range(len(self.examples))]
 
 
 @dataclass(frozen=True)

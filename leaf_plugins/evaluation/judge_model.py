@@ -14,6 +14,7 @@ import torch
 from tqdm.auto import tqdm
 
 from leaf_plugins.core.errors import ConfigError
+from leaf_plugins.core.interrupts import interrupt_point
 
 __all__ = ["JudgeModel", "load_judge", "check_decoding", "DTYPES"]
 
@@ -76,6 +77,7 @@ class JudgeModel:
         outputs: list[list[str]] = []
         with tqdm(total=len(texts) * samples, desc=description, unit="judgment") as progress:
             for number, start in enumerate(range(0, len(texts), batch_size)):
+                interrupt_point()  # Ctrl-C stops between batches
                 chunk = list(texts[start : start + batch_size])
                 inputs = self.tokenizer(chunk, return_tensors="pt", padding=True,
                                         add_special_tokens=not chat_formatted).to(self.device)

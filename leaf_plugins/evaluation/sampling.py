@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from leaf_plugins.backbones.base import LoadedBackbone
 from leaf_plugins.core.plugins import PluginHost, get_host
+from leaf_plugins.core.processes import agreed_interrupt_point, group_rank
 from leaf_plugins.core.stages import Rollout
 from leaf_plugins.tasks.base import Example
 from leaf_plugins.training.checkpoint import latest_checkpoint
@@ -32,8 +33,7 @@ from leaf_plugins.rollout.sampling import sample_responses
 from leaf_plugins.training.stage_plugins import RolloutStage
 from leaf_plugins.training.whole_step import prompt_share
 
-__all__ = ["Policy", "load_policy", "run_to_sample", "sample_groups", "sample_predictions", "launch_rank",
-           "EVALUATION_STREAM"]
+__all__ = ["Policy", "load_policy", "run_to_sample", "sample_groups", "sample_predictions", "EVALUATION_STREAM"]
 
 EVALUATION_STREAM = 0x5EED_E7A1
 """Mixed into the evaluation's sampling seed, so that evaluation under seed s and
@@ -79,14 +79,6 @@ def run_to_sample(output_dir: str | Path, checkpoint: Path | None) -> Path | Non
     return Path(output_dir) if latest_checkpoint(Path(output_dir)) is not None else None
 
 
-def launch_rank() -> tuple[int, int]:
-    """This process's rank and the launch's number of processes: those of torch.distributed's
-    default group when it is initialised, else ``(0, 1)``."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
 def sample_groups(
     policy: Policy, examples: Sequence[Example], samples: int, temperature: float = 0.9, top_p: float = 0.9,
     max_new_tokens: int = 200, batch_prompts: int = 8, seed: int = 0, description: str = "sampling",
@@ -104,13 +96,20 @@ def sample_groups(
     batches (``prompt_share`` over the batches: a contiguous range, the first ranges one
     batch longer), each with the batch number, examples and keys it has with ``world`` = 1:
     the shares' rollouts in rank order are the one-process rollouts. A process whose
-    share is empty (fewer batches than processes) yields nothing.
+    share is empty (fewer batches than processes) yields nothing. Before each batch of the
+    longest share every process passes an agreed interrupt point (a signal to any process
+    stops all of them there), so a caller runs the generator to its end on every process.
 
     ``backend_params`` are the backend's parameters (``rollout.backend_params``);
     ``fields`` the optional per-token statistics to compute (None: all the backend can)."""
     starts = range(0, len(examples), batch_prompts)
     device = next(policy.model.parameters()).device
-    for number in tqdm(prompt_share(len(starts), rank, world), desc=description, unit="batch", disable=rank != 0):
+    share = prompt_share(len(starts), rank, world)
+    for turn in tqdm(range(len(prompt_share(len(starts), 0, world))), desc=description, unit="batch", disable=rank != 0):
+        agreed_interrupt_point()  # every process, as many times as the longest share: a stop is taken by all
+        if turn >= len(share):  # a shorter share: this process has sampled all of its batches
+            continue
+        number = share[turn]
         start = starts[number]
         chosen = examples[start : start + batch_prompts]
         inputs = policy.backbone.build_inputs(policy.loaded, [e.prompt for e in chosen], [e.audio for e in chosen])
@@ -132,10 +131,10 @@ def sample_predictions(
     """``runs`` lists of predictions, one per example each: the sampled decoding the
     paper's metrics are averaged over (``backend`` and ``stage`` as ``sample_groups``).
 
-    Under a launch of several processes (``launch_rank``) every process must call it with
+    Under a launch of several processes (``processes.group_rank``) every process must call it with
     the same arguments: each samples its share of the batches, and every process returns
     the whole evaluation's predictions, those one process returns."""
-    rank, world = launch_rank()
+    rank, world = group_rank()
     texts: list[str] = []
     for rollout in sample_groups(policy, examples, runs, temperature, top_p, max_new_tokens, batch_prompts, seed,
                                  description="evaluating", backend=backend, stage=stage, rank=rank, world=world,

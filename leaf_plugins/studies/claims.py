@@ -10,18 +10,17 @@ from typing import Any
 
 from leaf_plugins.core.config import differing_settings
 from leaf_plugins.core.errors import ConfigError
+from leaf_plugins.training.durable import replace_text
 
 __all__ = ["claim", "differences"]
 
 
-def claim(directory: Path, record: str, settings: Any, what: str, write: bool = True) -> None:
+def claim(directory: Path, record: str, settings: Any, what: str) -> None:
     """Check that ``directory`` holds ``what`` (``"a run"``) made with ``settings`` (a
     JSON-able value, non-JSON leaves turned into strings) and record them there when it
-    is new. A directory with files but no ``record`` is an error too (hidden files, such
-    as a lock, do not count).
-
-    :param write: record the settings (False on the non-main processes of a launch).
-    """
+    is new (written whole and renamed into place, so a reader never sees half of it). A
+    directory with files but no ``record`` is an error too (hidden files, such as a lock,
+    do not count)."""
     wanted = json.loads(json.dumps(settings, default=str))
     path = Path(directory) / record
     if path.exists():
@@ -33,9 +32,9 @@ def claim(directory: Path, record: str, settings: Any, what: str, write: bool = 
     elif Path(directory).exists() and any(not p.name.startswith(".") for p in Path(directory).iterdir()):
         raise ConfigError(f"{directory} holds files of {what} with unknown settings (no {record}): delete it "
                           f"or give the study another output_dir")
-    elif write:
+    else:
         Path(directory).mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(wanted, indent=1))
+        replace_text(path, json.dumps(wanted, indent=1))
 
 
 def differences(held: dict, wanted: dict) -> list[str]:

@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from leaf_plugins.analysis.forkability import forkability_from_batches
+from leaf_plugins.core.processes import group_rank
 from leaf_plugins.analysis.rollout_log import batches_from_groups, read_groups
 from leaf_plugins.evaluation.bleu_interval import bleu_interval, paired_bleu_interval
 from leaf_plugins.evaluation.predictions import prediction_file, read_predictions, write_predictions
-from leaf_plugins.evaluation.sampling import launch_rank, load_policy, sample_predictions
+from leaf_plugins.evaluation.sampling import load_policy, sample_predictions
 from leaf_plugins.evaluation.text_metrics import Unavailable, average_runs, evaluate_texts
 from leaf_plugins.studies.config import EvaluationSettings, JudgesSettings
 from leaf_plugins.tasks.base import Example
@@ -55,7 +56,7 @@ def evaluate_model(
     runs = sample_predictions(policy, examples, settings.runs, settings.temperature, settings.top_p,
                               settings.max_new_tokens, settings.batch_prompts, settings.seed, backend, stage,
                               backend_params)
-    if launch_rank()[0] != 0:
+    if group_rank()[0] != 0:
         return None
     write_predictions(out_dir, examples, runs)
     averaged = average_runs([evaluate_texts(predictions, references, settings.metrics) for predictions in runs])

@@ -1,7 +1,12 @@
 """Running a study: the warm start (once, cached), the starting model's evaluation, then
 every run — trained (resuming where it stopped), evaluated, and marked finished by its
 ``evaluation.json``; a re-run skips finished runs. The results table is rewritten after
-every run, so an interrupted study still has the table of what is finished."""
+every run, so an interrupted study still has the table of what is finished.
+
+Under a launch of several processes every process trains each run and samples its
+share of each evaluation; the main process alone warm-starts, writes, scores, judges and
+tables, while the others wait for it without a timeout (``processes.patient_barrier``),
+however long that takes at 7B."""
 
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from ruamel.yaml import YAML
 from tqdm import tqdm
 
 from leaf_plugins.core.plugins import PluginHost, get_host
+from leaf_plugins.core.processes import agreed_interrupt_point, patient_barrier
 from leaf_plugins.studies.claims import claim
 from leaf_plugins.studies.config import PlannedRun, Study, slug
 from leaf_plugins.studies.evaluate import (BASELINE, EVALUATION, PREDICTIONS, evaluate_model, judge_runs,
@@ -45,6 +51,7 @@ def run_study(study: Study, plugins: Sequence[object] = (), host: PluginHost | N
     # under `accelerate launch`, every process trains and samples; the rest is the main one's. As the trainer's
     # Accelerator: without CUDA the processes use gloo on CPU (a plain PartialState() would make each one "main")
     state = PartialState(cpu=not torch.cuda.is_available())
+    patient_barrier()  # its group is made here, while every process is at the same point
     output = study.output_dir
     with StudyLock(output) if state.is_main_process else contextlib.nullcontext():
         return _run_locked(study, plugins, host, state)
@@ -57,20 +64,22 @@ def _run_locked(study: Study, plugins: Sequence[object], host: PluginHost, state
         _write_resolved(study, output / RESOLVED)
         if study.warm_start is not None:
             _warm_start(study, host)
-    state.wait_for_everyone()
+    patient_barrier()
     cache: dict[tuple, list[Example]] = {}
-    for run in study.runs:
-        _claim(run, study, write=state.is_main_process)
-    state.wait_for_everyone()
+    if state.is_main_process:
+        for run in study.runs:
+            _claim(run, study)
+    patient_barrier()
     pending = [run for run in study.runs if not (run.directory / EVALUATION).exists()]
-    if len(pending) < len(study.runs):
+    if len(pending) < len(study.runs) and state.is_main_process:
         print(f"{len(study.runs) - len(pending)} of {len(study.runs)} runs already finished: skipped")
     for run in tqdm(pending, desc="study", unit="run", disable=not state.is_main_process):
-        _train(run, host, plugins, cache)
+        agreed_interrupt_point()
+        _train(run, host, plugins, cache, state.is_main_process)
         _evaluate(study, run, host, cache)  # every process samples its share; the main one writes and scores
         if state.is_main_process:
             write_results(study)
-        state.wait_for_everyone()
+        patient_barrier()
     if state.is_main_process:  # the judges score what they have not scored yet; the table is rewritten
         starts = [(baseline_dir(study, run.config), run.config.task.name) for run in study.runs]
         judge_runs([*dict.fromkeys(starts), *((run.directory, run.config.task.name) for run in study.runs)],
@@ -79,11 +88,11 @@ def _run_locked(study: Study, plugins: Sequence[object], host: PluginHost, state
     return output / "results.md"
 
 
-def _claim(run: PlannedRun, study: Study, write: bool) -> None:
+def _claim(run: PlannedRun, study: Study) -> None:
     """Record what the run directory holds (its run config and the evaluation settings);
     a directory holding another configuration is an error, never silently reused."""
     evaluation = {key: value for key, value in asdict(study.config.evaluation).items() if key != "judges"}
-    claim(run.directory, RUN_RECORD, {"config": asdict(run.config), "evaluation": evaluation}, "a run", write)
+    claim(run.directory, RUN_RECORD, {"config": asdict(run.config), "evaluation": evaluation}, "a run")
 
 
 def baseline_dir(study: Study, config: TrainConfig) -> Path:
@@ -104,19 +113,22 @@ def _evaluate_start(study: Study, config: TrainConfig, held_out: list[Example]) 
     return directory / PREDICTIONS
 
 
-def _train(run: PlannedRun, host: PluginHost, plugins: Sequence[object], cache: dict) -> None:
-    """Train the run to its last step (resuming; nothing to do when it got there)."""
+def _train(run: PlannedRun, host: PluginHost, plugins: Sequence[object], cache: dict, main: bool) -> None:
+    """Train the run to its last step (resuming; nothing to do when it got there); the
+    main process records the session's wall time."""
     from leaf_plugins.training.trainer import Trainer
 
     config = run.config
     finished = latest_checkpoint(run.directory)
     if finished is not None and finished.name == f"checkpoint-{config.steps:08d}":
         return
-    tqdm.write(f"training {run.variation}, seed {run.seed} -> {run.directory}")
+    if main:
+        tqdm.write(f"training {run.variation}, seed {run.seed} -> {run.directory}")
     started = time.perf_counter()
     Trainer(config, _examples(host, config, config.task.split, cache), plugins=plugins, host=host).run()
-    with (run.directory / TIMES).open("a") as handle:
-        handle.write(f"{time.perf_counter() - started}\n")
+    if main:
+        with (run.directory / TIMES).open("a") as handle:
+            handle.write(f"{time.perf_counter() - started}\n")
 
 
 def _evaluate(study: Study, run: PlannedRun, host: PluginHost, cache: dict) -> None:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.core.hookspecs import hookimpl
+from leaf_plugins.core.interrupts import interrupt_point
 from leaf_plugins.tasks.audio import SAMPLING_RATE, AudioFile
 from leaf_plugins.tasks.examples import ExampleList, Record
 from leaf_plugins.tasks.options import Option, parse_options
@@ -183,8 +184,11 @@ class SpokenTask:
         (partial / "audio").mkdir(parents=True)
         jobs = [(item.speech, voice, rate) for (_, item), (voice, rate) in zip(planned, voices)]
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            waves = list(tqdm(pool.map(lambda job: synthesise(*job), jobs), total=len(jobs),
-                              desc=f"building {self.name}", unit="clip"))
+            waves = []
+            for wave in tqdm(pool.map(lambda job: synthesise(*job), jobs), total=len(jobs),
+                             desc=f"building {self.name}", unit="clip"):
+                interrupt_point()  # Ctrl-C stops between clips (the partial directory is removed at the next build)
+                waves.append(wave)
         with (partial / MANIFEST).open("w", encoding="utf-8") as handle:
             for (split, item), (voice, rate), wave in zip(planned, voices, waves):
                 name = f"audio/{item.id}.wav"

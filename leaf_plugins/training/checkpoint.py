@@ -1,21 +1,23 @@
 """Checkpoints that a re-run resumes from exactly: adapter, optimizer, every process's
-RNG states, step.
+RNG states, step; on the same hardware or on other hardware.
 
 A checkpoint ``checkpoint-<step>/`` holds:
 
 * ``adapter/``: the LoRA adapter in peft's format (``adapter_model.safetensors``,
   ``adapter_config.json``, as ``save_pretrained`` writes it), whole, written by the main
   process; evaluation and users load it with ``PeftModel.from_pretrained``;
-* ``state.pt``: the step, the process count, the sharding, the learning-rate
-  schedule's state and (unsharded runs) the optimizer's state dict;
+* ``trained/``: a ``torch.distributed.checkpoint`` (DCP) of the adapter and the
+  optimizer's states, keyed by parameter name. Each process writes what it holds (its
+  shards under ``sharding: fsdp2``; a replicated tensor is written once), and a resume
+  reads into whatever the run holds now: another process count, sharded or not (DCP
+  reshards on load), so the hardware may change between resumes;
+* ``state.pt``: the step, the process count, the sharding and the learning-rate
+  schedule's state;
 * ``rng-rank<r>.pt``: the Python, NumPy and torch RNG states of process ``r``, one file
   per process;
 * ``plugins/<name>.pt``: the state of each plugin named in ``plugins:`` that returns one
   from its ``save_plugin_state`` hook (written by the main process, read by every
-  process on resume);
-* ``sharded/`` (``sharding: fsdp2`` only): a ``torch.distributed.checkpoint`` of the
-  adapter's and the optimizer's shards, each process writing its own, which a resume
-  loads back into the shards.
+  process on resume).
 
 Every process writes into ``.partial-<step>/``; after all have written (a barrier) the
 main process fsyncs it and renames it to ``checkpoint-<step>``, so a kill of any process
@@ -26,11 +28,13 @@ deleted after the rename.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import re
 import shutil
+import warnings
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -42,6 +46,9 @@ from leaf_plugins.training.sharding import is_sharded
 
 __all__ = ["KEEP_ALL", "keep_checkpoints_problem", "save_checkpoint", "latest_checkpoint", "load_checkpoint",
            "remove_partials", "PLUGIN_STATES", "plugin_state_file", "load_plugin_states"]
+
+TRAINED = "trained"
+"""The directory of a checkpoint holding the adapter's and the optimizer's states (DCP)."""
 
 PLUGIN_STATES = "plugins"
 """The directory of a checkpoint holding the named plugins' own states."""
@@ -78,7 +85,8 @@ def save_checkpoint(directory: Path, step: int, model: Any, optimizer: torch.opt
                     plugin_states: Mapping[str, Any] | None = None) -> Path:
     """Write ``checkpoint-<step>`` atomically and keep the newest ``keep`` checkpoints
     (``KEEP_ALL``: all). Called by every process of the run at once (it synchronises
-    them); ``model`` is the PeftModel, FSDP2-sharded or not. A step is written once: when
+    them, and makes the same collectives on each); ``model`` is the PeftModel,
+    FSDP2-sharded or not. A step is written once: when
     ``checkpoint-<step>`` exists already (complete, since only a finished write has that
     name) it is kept as it is. Half-written ``.partial-*`` directories of earlier, killed
     writes are removed first.
@@ -100,14 +108,12 @@ def save_checkpoint(directory: Path, step: int, model: Any, optimizer: torch.opt
         partial.mkdir(parents=True)
     processes.barrier()  # the directory exists for every process
     sharded = is_sharded(model)
-    if sharded:
-        _save_sharded(partial, model, optimizer, processes)
-    elif processes.main:
-        model.save_pretrained(partial / "adapter")
+    _save_adapter(partial / "adapter", model, processes.main)
+    _save_trained(partial / TRAINED, model, optimizer, processes.world)
     if processes.main:
         state = {"step": step, "world_size": processes.world, "sharding": "fsdp2" if sharded else "none",
                  **({"scheduler": scheduler.state_dict()} if scheduler is not None else {})}
-        torch.save(state if sharded else {**state, "optimizer": optimizer.state_dict()}, partial / "state.pt")
+        torch.save(state, partial / "state.pt")
         for name, plugin_state in (plugin_states or {}).items():
             (partial / PLUGIN_STATES).mkdir(exist_ok=True)
             torch.save(plugin_state, partial / plugin_state_file(name))
@@ -134,19 +140,45 @@ def load_plugin_states(path: Path, names: Iterable[str]) -> dict[str, Any]:
     return {name: torch.load(file, weights_only=False) for name, file in files.items() if file.exists()}
 
 
-def _save_sharded(partial: Path, model: Any, optimizer: torch.optim.Optimizer, processes: _Processes) -> None:
-    """The adapter gathered whole into ``adapter/`` (peft's format, main process) and
-    each process's shards of the adapter and the optimizer into ``sharded/`` (DCP)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+def _save_adapter(target: Path, model: Any, main: bool) -> None:
+    """The adapter, whole, in peft's format (the main process writes it; a sharded one is
+    gathered first, on every process)."""
+    if not is_sharded(model):
+        if main:
+            model.save_pretrained(target)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     whole = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
                                                                   ignore_frozen_params=True))  # on the main process
-    if processes.main:
-        model.save_pretrained(partial / "adapter", state_dict=whole)
-    shards = {"model": get_model_state_dict(model, options=StateDictOptions(ignore_frozen_params=True)),
-              "optimizer": get_optimizer_state_dict(model, inner_optimizer(optimizer))}
-    dcp.save(shards, checkpoint_id=partial / "sharded")
+    if main:
+        model.save_pretrained(target, state_dict=whole)
+
+
+def _trained_state(model: Any, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The adapter's and the optimizer's states as this process holds them, keyed by
+    parameter name (the frozen base is not in it: it comes from the backbone)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    return {"model": get_model_state_dict(model, options=StateDictOptions(ignore_frozen_params=True)),
+            "optimizer": get_optimizer_state_dict(model, inner_optimizer(optimizer))}
+
+
+def _save_trained(target: Path, model: Any, optimizer: torch.optim.Optimizer, world: int) -> None:
+    """What this process holds of the adapter and the optimizer, into the DCP ``target``."""
+    import torch.distributed.checkpoint as dcp
+
+    with _one_process_quietly():
+        dcp.save(_trained_state(model, optimizer), checkpoint_id=target, no_dist=world == 1)
+
+
+@contextlib.contextmanager
+def _one_process_quietly() -> Iterator[None]:
+    """DCP warns at every save and load of a single process that it assumes one process
+    (the run has one: nothing to warn about)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
 
 
 def _prune(directory: Path, target: Path, keep: int | str) -> None:
@@ -189,48 +221,29 @@ def latest_checkpoint(directory: Path) -> Path | None:
 def load_checkpoint(path: Path, model: Any, optimizer: torch.optim.Optimizer, accelerator: Any | None = None,
                     scheduler: Any | None = None) -> int:
     """Restore adapter weights, optimizer, learning-rate schedule and this process's RNG
-    states; return the step reached. Called by every process at once. A sharded checkpoint is resumed sharded
-    (each process reads its shards), an unsharded one unsharded.
+    states; return the step reached. Called by every process at once. The adapter and
+    optimizer states are read into what the run holds now, whatever the process count
+    and sharding of the run that wrote them (DCP reshards); a process that the writing
+    run did not have keeps its seeded RNG states.
 
-    :raises ConfigError: when the checkpoint's sharding differs from the model's.
-    """
+    :raises ConfigError: for a checkpoint of leaf-plugins 0.1.0 (another layout)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
     processes = _Processes(accelerator)
+    if not (path / TRAINED).is_dir():
+        raise ConfigError(f"{path} has no {TRAINED}/: it was written by leaf-plugins 0.1.0, whose checkpoints this "
+                          f"version does not read. Resume the run with 0.1.0, or start it again in another output_dir")
     state = torch.load(path / "state.pt", weights_only=False)
-    saved_sharding, sharded = state.get("sharding", "none"), is_sharded(model)
-    if (saved_sharding == "fsdp2") != sharded:
-        raise ConfigError(f"{path} was written by a run with sharding: {saved_sharding}, and this run has sharding: "
-                         f"{'fsdp2' if sharded else 'none'}: resume it with sharding: {saved_sharding}, or start "
-                         f"another output_dir")
-    if sharded:
-        _load_sharded(path, model, optimizer)
-    else:
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
-        set_peft_model_state_dict(model, load_file(str(path / "adapter" / "adapter_model.safetensors")))
-        optimizer.load_state_dict(state["optimizer"])
+    trained = _trained_state(model, optimizer)
+    with _one_process_quietly():
+        dcp.load(trained, checkpoint_id=path / TRAINED, no_dist=processes.world == 1)  # in place; a missing key fails
+    # not strict: the frozen base weights are not in the checkpoint (they come from the backbone)
+    set_model_state_dict(model, trained["model"], options=StateDictOptions(ignore_frozen_params=True, strict=False))
+    set_optimizer_state_dict(model, inner_optimizer(optimizer), trained["optimizer"])
     if scheduler is not None and "scheduler" in state:
         scheduler.load_state_dict(state["scheduler"])
     own = path / f"rng-rank{processes.rank}.pt"
     if own.exists():  # absent: the run had fewer processes, this one starts from its seeded RNG
         _set_rng_state(torch.load(own, weights_only=False))
-    elif "rng" in state:  # a checkpoint holding only the main process's RNG states
-        _set_rng_state(state["rng"])
     return int(state["step"])
-
-
-def _load_sharded(path: Path, model: Any, optimizer: torch.optim.Optimizer) -> None:
-    """Each process's shards of the adapter and the optimizer from ``sharded/`` (DCP)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict,
-        set_optimizer_state_dict,
-    )
-
-    only_trained = StateDictOptions(ignore_frozen_params=True)
-    shards = {"model": get_model_state_dict(model, options=only_trained),
-              "optimizer": get_optimizer_state_dict(model, inner_optimizer(optimizer))}
-    dcp.load(shards, checkpoint_id=path / "sharded")  # into the shards in place; a missing key is an error
-    # not strict: the frozen base weights are not in the checkpoint (they come from the backbone)
-    set_model_state_dict(model, shards["model"], options=StateDictOptions(ignore_frozen_params=True, strict=False))
-    set_optimizer_state_dict(model, inner_optimizer(optimizer), shards["optimizer"])

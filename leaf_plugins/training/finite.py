@@ -70,17 +70,21 @@ def _response_text(rollout: Rollout, row: int) -> str:
     return repr(text if len(text) <= 40 else text[:37] + "...")
 
 
-def check_update(model: torch.nn.Module, loss: float, step: int, output_dir: Path) -> None:
+def check_update(model: torch.nn.Module, loss: float, norm: float, step: int, output_dir: Path) -> None:
     """Raise ``NonFiniteError`` instead of letting the optimizer step on a non-finite
     loss or gradient; the message names the step, the first bad parameters and the
-    newest checkpoint (untouched: nothing has been stepped or saved)."""
+    newest checkpoint (untouched: nothing has been stepped or saved). ``loss`` and the
+    gradient's global ``norm`` are the whole update's (summed over the processes), so
+    every process of a launch takes the same decision."""
+    if math.isfinite(loss) and math.isfinite(norm):
+        return
     grads = {name: p.grad for name, p in model.named_parameters() if p.requires_grad and p.grad is not None}
     bad = nonfinite_fields(grads)
-    if math.isfinite(loss) and not bad:
-        return
     found = latest_checkpoint(output_dir)
     kept = f"the newest checkpoint, {found}, is intact" if found else "no checkpoint had been written yet"
     what = f"the loss is {loss}" if not math.isfinite(loss) else "the loss is finite"
     if bad:
         what += f"; the gradient of {', '.join(bad[:SHOWN])}{' and others' if len(bad) > SHOWN else ''} is not finite"
+    elif not math.isfinite(norm):
+        what += f"; the gradient's norm is {norm}"
     raise NonFiniteError(f"step {step}: {what}. The optimizer did not step and the run stops; {kept}")

@@ -29,7 +29,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 __all__ = ["LR_SCHEDULES", "schedule_factor", "build_optimizer", "build_schedule", "set_schedule_step",
-           "clip_gradients", "inner_optimizer"]
+           "gradient_norm", "clip_gradients", "inner_optimizer"]
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
 """``optim.lr_schedule``: the learning rate after the warmup (see the module's text)."""
@@ -77,20 +77,22 @@ def set_schedule_step(scheduler: LambdaLR, completed: int) -> None:
     scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]  # what get_last_lr() reports
 
 
-def clip_gradients(parameters: list[torch.nn.Parameter], max_norm: float | None) -> float:
-    """The global L2 norm of the gradients of ``parameters`` before clipping; with
-    ``max_norm``, the gradients are then scaled by ``min(1, max_norm / (norm + 1e-6))``
-    (torch's ``clip_grad_norm_`` rule). Sharded (FSDP2) gradients are DTensors: their norm
-    is taken over all the shards, so every process clips by the same global norm."""
+def gradient_norm(parameters: list[torch.nn.Parameter]) -> float:
+    """The global L2 norm of the gradients of ``parameters``. Sharded (FSDP2) gradients
+    are DTensors: their norm is taken over all the shards (a collective), so every
+    process gets the same norm. Parameters without a gradient count as 0."""
     grads = [p.grad for p in parameters if p.grad is not None]
-    if not grads:
-        return 0.0
-    norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+    norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0) if grads else torch.zeros(())
     if hasattr(norm, "full_tensor"):  # a DTensor: the reduction over the shards
         norm = norm.full_tensor()
-    if max_norm is not None:
-        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, norm)
     return float(norm)
+
+
+def clip_gradients(parameters: list[torch.nn.Parameter], max_norm: float, norm: float) -> None:
+    """Scale the gradients of ``parameters``, whose global norm is ``norm``
+    (``gradient_norm``), by ``min(1, max_norm / (norm + 1e-6))`` (torch's
+    ``clip_grad_norm_`` rule)."""
+    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, torch.tensor(norm))
 
 
 def inner_optimizer(optimizer: Any) -> torch.optim.Optimizer:

@@ -35,9 +35,12 @@ __all__ = ["RUN_CONFIG", "RESUME_FREE_KEYS", "resolved_config", "write_run_confi
 RUN_CONFIG = "config.yaml"
 """The resolved run config, in the run's directory."""
 
-RESUME_FREE_KEYS = ("steps", "output_dir", "checkpoint_every", "keep_checkpoints", "log_rollouts", "threads")
+RESUME_FREE_KEYS = ("steps", "output_dir", "checkpoint_every", "keep_checkpoints", "log_rollouts", "threads",
+                    "sharding", "optim.micro_batch_prompts", "optim.activation_checkpointing")
 """Keys a resumed run may change: how long it runs, where and how often it writes, and
-torch's thread count. Any other difference changes what the run trains."""
+how it is computed (torch's thread count, sharding, micro-batches, recomputed
+activations), which moves the results by rounding only. Any other difference changes
+what the run trains."""
 
 
 def resolved_config(config: Any, host: PluginHost) -> dict[str, Any]:
@@ -80,7 +83,7 @@ def check_resumed_config(output_dir: Path, config: Any, host: PluginHost) -> Non
     held = YAML(typ="safe", pure=True).load(path.read_text()) or {}
     wanted = resolved_config(config, host)
     changed = [f"{key}: {old!r} -> {new!r}" for key, old, new in differing_settings(held, wanted)
-               if key.split(".")[0] not in RESUME_FREE_KEYS]
+               if not any(key == free or key.startswith(free + ".") for free in RESUME_FREE_KEYS)]
     if changed:
         raise ConfigError(f"{output_dir} holds a run trained with other settings ({path}); resuming it with "
                           f"these would train something else: {'; '.join(changed)}. Resume it with its own "

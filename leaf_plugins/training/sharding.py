@@ -28,28 +28,25 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.rollout.prompt_embedding import language_model_of
-from leaf_plugins.training.whole_step import micro_batch_numbers, mini_batch_positions, prompt_share
 
 
-__all__ = ["SHARDING_MODES", "shard_policy", "check_equal_passes", "is_sharded", "prepare_training",
-           "gradients_accumulated_locally"]
+__all__ = ["SHARDING_MODES", "shard_policy", "is_sharded", "prepare_training", "gradients_accumulated_locally"]
 
 SHARDING_MODES = ("none", "fsdp2")
 """``none``: every process holds the whole model (DDP over several processes);
 ``fsdp2``: parameters, gradients and optimizer states sharded over the processes."""
 
 
-def shard_policy(model: torch.nn.Module, accelerator: Accelerator, prompts_per_step: int, micro_batch_prompts: int,
-                 mini_batches: int = 1) -> torch.nn.Module:
+def shard_policy(model: torch.nn.Module, accelerator: Accelerator) -> torch.nn.Module:
     """``model`` (a PeftModel, LoRA attached, activation checkpointing already set) with
     FSDP2 applied per decoder layer of its language model, then at the root, over all the
     run's processes; the parameters move to ``accelerator.device`` as they are sharded.
-    ``prompts_per_step``, ``micro_batch_prompts`` and ``mini_batches`` are the run's
-    (``check_equal_passes``).
+    Every forward pass then gathers each layer's weights from all processes: the update
+    makes the same passes on every process whatever its share (``update.py``).
 
-    :raises ConfigError: on one process (nothing to shard over), when accelerate was
+    :raises ConfigError: on one process (nothing to shard over), or when accelerate was
         launched with its own FSDP or DeepSpeed configuration (it would wrap the model
-        again), or when the processes would run different numbers of micro-batches.
+        again).
     """
     if accelerator.num_processes < 2:
         raise ConfigError("sharding: fsdp2 shards the model over several processes, and this run has one: launch it "
@@ -59,40 +56,11 @@ def shard_policy(model: torch.nn.Module, accelerator: Accelerator, prompts_per_s
         raise ConfigError(f"sharding: fsdp2 shards the model itself, but accelerate was launched with "
                           f"distributed_type {accelerator.distributed_type.value}, which would wrap it again: launch "
                           f"with torchrun or `accelerate launch --multi_gpu` instead of an FSDP/DeepSpeed config")
-    check_equal_passes(prompts_per_step, micro_batch_prompts, accelerator.num_processes, mini_batches)
     mesh = init_device_mesh(accelerator.device.type, (accelerator.num_processes,))
     for layer in language_model_of(model).layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model
-
-
-def check_equal_passes(prompts_per_step: int, micro_batch_prompts: int, world: int, mini_batches: int = 1) -> None:
-    """Refuse a sharded run whose processes would run different numbers of micro-batches
-    in some mini-batch. Every forward pass of a sharded model all-gathers each layer's
-    weights with the other processes, so all of them must run the same passes.
-    Micro-batches are runs of ``micro_batch_prompts`` prompts of a mini-batch
-    (``whole_step.micro_batch_numbers``), cut at the bounds of the processes' shares
-    (``whole_step.prompt_share``); a process with no prompt in a mini-batch runs one pass
-    of weight 0.
-
-    :raises ConfigError: naming the counts and a ``prompts_per_step`` that works.
-    """
-    for mini_batch in range(mini_batches):
-        counts = [max(len(set(micro_batch_numbers(
-            mini_batch_positions(prompt_share(prompts_per_step, rank, world), mini_batch, mini_batches),
-            micro_batch_prompts, mini_batches))), 1) for rank in range(world)]
-        if len(set(counts)) > 1:
-            unit = world * micro_batch_prompts * mini_batches
-            fitting = -(-prompts_per_step // unit) * unit
-            where = f" in mini-batch {mini_batch + 1} of {mini_batches}" if mini_batches > 1 else ""
-            raise ConfigError(
-                f"sharding: fsdp2 needs every process to run the same number of micro-batches (each forward pass "
-                f"gathers the sharded weights from all processes), but rollout.prompts_per_step={prompts_per_step} "
-                f"over {world} processes with optim.micro_batch_prompts={micro_batch_prompts} and "
-                f"optim.mini_batches={mini_batches} gives them {', '.join(map(str, counts))}{where}: set "
-                f"rollout.prompts_per_step to a multiple of processes × micro_batch_prompts × mini_batches "
-                f"(e.g. {fitting})")
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
@@ -104,10 +72,18 @@ def prepare_training(accelerator: Accelerator, model: torch.nn.Module,
                      optimizer: torch.optim.Optimizer) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """The model and optimizer the trainer steps: ``accelerator.prepare`` on both (DDP
     over several processes), except that a sharded model is left as it is (DDP around it
-    would average its gradients a second time) and only the optimizer is prepared."""
+    would average its gradients a second time) and only the optimizer is prepared.
+
+    DDP syncs the buffers once, when it wraps the model, and not before each forward
+    pass: no buffer is trained (the rotary tables are constants, the frozen audio
+    encoder runs outside the update), and a broadcast per forward pass would make the
+    collectives a process makes depend on how many passes its data takes."""
     if is_sharded(model):
         return model, accelerator.prepare(optimizer)
-    return accelerator.prepare(model, optimizer)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        model.broadcast_buffers = False  # torch >= 2.13 names it forward_sync_buffers (this sets it)
+    return model, optimizer
 
 
 @contextlib.contextmanager

@@ -324,7 +324,7 @@ def _reporting(impl: Callable[..., Any], name: str, hook: str) -> Callable[..., 
         except Exception as error:
             values = {**dict(zip(names, args)), **kwargs}
             context = values.get("context")
-            step = context.step + 1 if isinstance(context, StepContext) else values.get("step")
+            step = context.step if isinstance(context, StepContext) else values.get("step")
             at = f" at step {step}" if isinstance(step, int) else ""
             raise PluginStageError(f"plugin {name!r} failed in its {hook} hook{at}: "
                                    f"{type(error).__name__}: {error}") from error
@@ -378,10 +378,11 @@ class RolloutStage:
 
     def __call__(self, number: int, model: Any, loaded: Any, examples: Sequence[Any], inputs: dict[str, Any],
                  group_size: int, max_new_tokens: int, temperature: float, top_p: float) -> Rollout | None:
-        """The plugins' rollout of batch ``number`` (None: no plugin sampled it)."""
+        """The plugins' rollout of batch ``number`` (0-based; the context's ``step`` is
+        ``number + 1``, 1-based as a training step's). None: no plugin sampled it."""
         settings = dataclasses.replace(self.config.rollout, group_size=group_size, max_new_tokens=max_new_tokens,
                                        temperature=temperature, top_p=top_p)
-        context = StepContext(number, model, loaded, list(examples), inputs,
+        context = StepContext(number + 1, model, loaded, list(examples), inputs,
                               dataclasses.replace(self.config, rollout=settings))
         return self.hook(context=context)
 

@@ -12,10 +12,17 @@ pass's, summed over rows in a different order (float32: equal to ~1e-6 relative,
 mask is shared by the prompt's K rows (the same distribution per row, correlated across
 rows).
 
-The shared pass is used wherever it saves work (more rows than prompts) and the model
-can return its cache: not in a pass that records gradients through checkpointed layers
-(``optim.activation_checkpointing``; transformers drops the cache there), where the full
-pass runs.
+The shared pass is used wherever the model can return its cache: not in a pass that
+records gradients through checkpointed layers (``optim.activation_checkpointing``;
+transformers drops the cache there), where the full pass runs. Left to decide by itself
+(``shared_prefix=None``) it also runs only where it saves work (more rows than prompts).
+The shared pass always makes two forward calls and the full pass one, whatever the
+responses' widths: under FSDP2 every forward call gathers the sharded weights with the
+other processes, so the calls a process makes must not depend on its data.
+
+LoRA dropout is keyed (``keyed_dropout.py``) when the caller gives the rows' keys: each
+forward call sets its tokens' keys, a prompt's positions keyed by the prompt alone, so
+both passes drop the same units.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import inspect
 import torch
 
 from leaf_plugins.training.activation_checkpointing import activation_checkpointing_enabled
+from leaf_plugins.training.keyed_dropout import RowKeys, set_token_keys, token_keys
 from leaf_plugins.rollout.prompt_embedding import (
     backbone_model_of,
     embed_prompts,
@@ -45,6 +53,7 @@ def response_logprobs(
     prompt_index: torch.Tensor,
     temperature: float = 1.0,
     shared_prefix: bool | None = None,
+    dropout_keys: RowKeys | None = None,
 ) -> torch.Tensor:
     """``[N, T]`` float32 log-probabilities of the response tokens under the policy
     distribution (logits / temperature), teacher forced, 0 on padding; differentiable.
@@ -57,8 +66,11 @@ def response_logprobs(
     :param responses: ``[N, T]`` response token ids, ``-1`` on padding.
     :param prompt_index: ``[N]`` the prompt row of each response.
     :param shared_prefix: run each prompt once and its responses over its keys and
-        values (True), every row over prompt and response (False), or decide
-        (None: ``shares_prefix``).
+        values (True, where the model keeps its cache: ``shares_prefix``), every row
+        over prompt and response (False), or decide (None: the shared pass where it
+        saves work and the model keeps its cache).
+    :param dropout_keys: the keys of the prompts and responses, from which LoRA dropout
+        draws its masks (``keyed_dropout.py``); None: torch's generator.
     """
     embeddings = inputs["inputs_embeds"] if "inputs_embeds" in inputs else embed_prompts(model, inputs)  # [P, L, H]
     device = embeddings.device
@@ -67,29 +79,32 @@ def response_logprobs(
     real = torch.arange(width, device=device).unsqueeze(0) < lengths.unsqueeze(1)  # [N, T]
     tokens = torch.where(real, responses, 0)  # [N, T]
     if shared_prefix is None:
-        shared_prefix = shares_prefix(model, rows=len(prompt_index), prompts=embeddings.shape[0])
-    forced = _shared_prefix_pass if shared_prefix else _full_pass
-    return torch.where(real, forced(model, inputs, embeddings, tokens, real, prompt_index, temperature), 0.0)
+        shared_prefix = len(prompt_index) > embeddings.shape[0]
+    forced = _shared_prefix_pass if shared_prefix and shares_prefix(model) else _full_pass
+    logprobs = forced(model, inputs, embeddings, tokens, real, prompt_index, temperature, dropout_keys)
+    return torch.where(real, logprobs, 0.0)
 
 
-def shares_prefix(model: torch.nn.Module, rows: int, prompts: int) -> bool:
-    """Whether the shared-prefix pass runs: it saves work (``rows > prompts``) and the
-    model keeps its cache in this pass (transformers drops it where checkpointed layers
-    record gradients; the no-grad reference pass runs them plainly, ``activation_checkpointing.py``)."""
-    recomputing = (backbone_model_of(model).training and torch.is_grad_enabled()
-                   and activation_checkpointing_enabled(model))
-    return rows > prompts and not recomputing
+def shares_prefix(model: torch.nn.Module) -> bool:
+    """Whether the shared-prefix pass can run: the model keeps its cache in this pass
+    (transformers drops it where checkpointed layers record gradients; the no-grad
+    reference pass runs them plainly, ``activation_checkpointing.py``)."""
+    return not (backbone_model_of(model).training and torch.is_grad_enabled()
+                and activation_checkpointing_enabled(model))
 
 
 def _full_pass(model: torch.nn.Module, inputs: dict[str, torch.Tensor], embeddings: torch.Tensor,
                tokens: torch.Tensor, real: torch.Tensor, prompt_index: torch.Tensor,
-               temperature: float) -> torch.Tensor:
+               temperature: float, dropout_keys: RowKeys | None) -> torch.Tensor:
     """``[N, T]`` log π of ``tokens``, every row over its own prompt copy and response."""
     prompt_ids, prompt_mask = inputs["input_ids"][prompt_index], inputs["attention_mask"][prompt_index]  # [N, L]
     prompt_width, width = prompt_ids.shape[1], tokens.shape[1]
     ids = torch.cat([prompt_ids, tokens], dim=1)  # [N, L+T]; the prompt part is replaced by its embeddings
     mask = torch.cat([prompt_mask, real.to(prompt_mask.dtype)], dim=1)  # [N, L+T]
     positions = left_padded_positions(mask)  # [N, L+T]
+    set_token_keys(None if dropout_keys is None else torch.cat([
+        token_keys(dropout_keys.prompts[prompt_index.cpu()], positions[:, :prompt_width]),
+        token_keys(dropout_keys.responses, positions[:, prompt_width:])], dim=1))  # [N, L+T]
     with prompt_embeddings_in_front(model, embeddings[prompt_index]), \
             head_on_positions(model, slice(prompt_width - 1, prompt_width + width - 1)):
         logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits  # [N, T, V]
@@ -98,25 +113,30 @@ def _full_pass(model: torch.nn.Module, inputs: dict[str, torch.Tensor], embeddin
 
 def _shared_prefix_pass(model: torch.nn.Module, inputs: dict[str, torch.Tensor], embeddings: torch.Tensor,
                         tokens: torch.Tensor, real: torch.Tensor, prompt_index: torch.Tensor,
-                        temperature: float) -> torch.Tensor:
+                        temperature: float, dropout_keys: RowKeys | None) -> torch.Tensor:
     """``[N, T]`` log π of ``tokens``: each prompt once, its keys and values selected for
-    its rows, then the responses' first ``T - 1`` tokens over them."""
+    its rows, then the responses' first ``T - 1`` tokens over them. Responses one token
+    wide get a padding column, so that the second forward call runs as on every process."""
+    width = tokens.shape[1]
+    if width == 1:
+        tokens = torch.cat([tokens, torch.zeros_like(tokens)], dim=1)  # [N, 2]
+        real = torch.cat([real, torch.zeros_like(real)], dim=1)
     prompt_ids, prompt_mask = inputs["input_ids"], inputs["attention_mask"]  # [P, L]
-    prompt_width, width = prompt_ids.shape[1], tokens.shape[1]
+    prompt_width = prompt_ids.shape[1]
     prompt_positions = left_padded_positions(prompt_mask)  # [P, L]
+    set_token_keys(None if dropout_keys is None else token_keys(dropout_keys.prompts, prompt_positions))  # [P, L]
     with prompt_embeddings_in_front(model, embeddings), head_on_positions(model, slice(prompt_width - 1, prompt_width)):
         prefix = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=prompt_positions, use_cache=True)
     first = selected_logprobs(prefix.logits[prompt_index], tokens[:, :1], temperature)  # [N, 1]
-    if width == 1:
-        return first
     keyword = cache_keyword(model)
     cache = getattr(prefix, keyword)
     cache.batch_select_indices(prompt_index)  # each layer's [P, H, L, d] keys and values → [N, H, L, d]
     mask = torch.cat([prompt_mask[prompt_index], real[:, :-1].to(prompt_mask.dtype)], dim=1)  # [N, L+T-1]
     positions = left_padded_positions(mask)[:, prompt_width:]  # [N, T-1]
+    set_token_keys(None if dropout_keys is None else token_keys(dropout_keys.responses, positions))  # [N, T-1]
     logits = model(input_ids=tokens[:, :-1], attention_mask=mask, position_ids=positions, use_cache=True,
                    **{keyword: cache}).logits  # [N, T-1, V]: the last token predicts nothing and is not run
-    return torch.cat([first, selected_logprobs(logits, tokens[:, 1:], temperature)], dim=1)
+    return torch.cat([first, selected_logprobs(logits, tokens[:, 1:], temperature)], dim=1)[:, :width]
 
 
 def cache_keyword(model: torch.nn.Module) -> str:

@@ -6,14 +6,15 @@ plugin the run config names in ``plugins:`` replaces any of them (``stage_plugin
 Runs work unchanged under ``accelerate launch`` or ``torchrun`` and train what one process
 trains: each process samples its share of the step's prompts with the same per-response
 sampling keys, every process estimates on the whole step (``whole_step.py``), and DDP
-sums the shares' gradients into the step's. They resume exactly from their newest checkpoint,
-and save one on Ctrl-C or SIGTERM (unless the step is saved already) before stopping.
+sums the shares' gradients into the step's. They resume exactly from their newest checkpoint.
+Ctrl-C or SIGTERM, to any process, stops every process at the same safe point (the start
+of a step, or after the step's rollout): the last completed step is saved, unless a
+checkpoint holds it already, and the run stops (``core/interrupts.py``).
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import importlib.util
 import json
 import time
@@ -29,8 +30,9 @@ from leaf_plugins.analysis.rollout_log import RolloutLogger
 from leaf_plugins.core.engine import Engine
 from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.core.hookspecs import hookimpl
-from leaf_plugins.core.interrupts import deferred_interrupts
+from leaf_plugins.core.interrupts import Interrupted, stop_on_signals
 from leaf_plugins.core.plugins import PluginHost, get_host
+from leaf_plugins.core.processes import agreed_interrupt_point
 from leaf_plugins.core.parameters import configured
 from leaf_plugins.core.stages import PolicyLoss, Rollout, RolloutRequest, StepContext
 from leaf_plugins.tasks.base import Example
@@ -42,6 +44,7 @@ from leaf_plugins.training.durable import truncate_log
 from leaf_plugins.training.environment import record_environment
 from leaf_plugins.training.finite import bad_reward_prompts, scorer_name
 from leaf_plugins.rollout.generation_weights import gathered_for_generation
+from leaf_plugins.training.keyed_dropout import install_keyed_dropout
 from leaf_plugins.training.lora import attach_lora
 from leaf_plugins.training.loss import policy_loss
 from leaf_plugins.training.optimization import build_optimizer, build_schedule, set_schedule_step
@@ -52,7 +55,7 @@ from leaf_plugins.training.sharding import prepare_training, shard_policy
 from leaf_plugins.training.stage_plugins import call_plugin, record_plugins, register_stage_plugins, resolve_plugins
 from leaf_plugins.training.threads import apply_threads
 from leaf_plugins.rollout.prompt_embedding import with_prompt_embeddings
-from leaf_plugins.training.update import Learner, update_policy
+from leaf_plugins.training.update import Learner, StepData, update_policy
 from leaf_plugins.training.whole_step import check_world, gather_rollout, prompt_share
 
 __all__ = ["StepContext", "DefaultStages", "Trainer", "ROLLOUT_LOG"]
@@ -75,12 +78,11 @@ class DefaultStages:
     @hookimpl(trylast=True)
     def rollout(self, context: StepContext) -> Rollout:
         settings = context.config.rollout
-        group_ids = [context.step * 1_000_000 + context.first_prompt + i for i in range(len(context.examples))]
         # with the group ids, the seed gives the same responses on any number of processes
         return self.sampler.sample(RolloutRequest(
             context.model, context.loaded, context.inputs, settings.group_size, settings.max_new_tokens,
-            settings.temperature, settings.top_p, settings.surprisal_from, group_ids, context, context.config.seed,
-            self.fields))
+            settings.temperature, settings.top_p, settings.surprisal_from, context.group_ids, context,
+            context.config.seed, self.fields))
 
     @hookimpl(trylast=True)
     def compute_loss(self, context: StepContext, logprobs: torch.Tensor, old_logprobs: torch.Tensor,
@@ -133,11 +135,11 @@ class Trainer:
         share = len(prompt_share(config.rollout.prompts_per_step, 0, self.accelerator.num_processes))  # the largest
         self.threads = apply_threads(config.threads, self.loaded.model, rows=share * config.rollout.group_size)
         model = attach_lora(self.loaded, config.lora.rank, config.lora.alpha, config.lora.dropout)
+        install_keyed_dropout(model)  # dropout masks keyed by each row, not by its micro-batch or process
         if config.optim.activation_checkpointing:
             enable_activation_checkpointing(model)
         if config.sharding == "fsdp2":
-            model = shard_policy(model, self.accelerator, config.rollout.prompts_per_step,  # FSDP2 per decoder
-                                 config.optim.micro_batch_prompts, config.optim.mini_batches)  # layer, then the root
+            model = shard_policy(model, self.accelerator)  # FSDP2 per decoder layer, then the root
         optimizer = build_optimizer((p for p in model.parameters() if p.requires_grad), config.optim.learning_rate,
                                     config.optim.weight_decay)
         self.model, self.optimizer = prepare_training(self.accelerator, model, optimizer)  # DDP unless sharded
@@ -180,18 +182,23 @@ class Trainer:
     # ------------------------------------------------------------------ the run
     def run(self) -> list[dict[str, float]]:
         """Train from the newest checkpoint (or the start) to ``config.steps``; return the
-        metrics of the steps run now. Ctrl-C (a ``KeyboardInterrupt``, or SIGTERM under
-        ``leaf``) saves the last completed step, if no checkpoint holds it yet, and is raised
-        again with ``kept`` naming the checkpoint that holds the run's progress."""
+        metrics of the steps run now. SIGINT or SIGTERM stops every process at the run's
+        next safe point (``core/interrupts.py``): the last completed step is saved, if no
+        checkpoint holds it yet, and an ``Interrupted`` is raised with ``kept`` naming the
+        checkpoint that holds the run's progress."""
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            return self._train()
-        except KeyboardInterrupt as interrupt:  # the weights are those of the last completed (logged) step
-            if self.completed > self.saved:
-                self._save(self.completed)
-            interrupt.kept = self._kept()  # type: ignore[attr-defined]
-            self._lifecycle("on_run_end")
-            raise
+        with stop_on_signals():  # nothing when `leaf` records the signals already
+            try:
+                return self._train()
+            except KeyboardInterrupt as interrupt:  # the weights are those of the last completed (logged) step
+                # an Interrupted comes from a point every process reached; another KeyboardInterrupt (a
+                # signal handler of the caller's) is safe to save after on one process only
+                if self.completed > self.saved and (isinstance(interrupt, Interrupted)
+                                                    or self.accelerator.num_processes == 1):
+                    self._save(self.completed)
+                interrupt.kept = self._kept()  # type: ignore[attr-defined]
+                self._lifecycle("on_run_end")
+                raise
 
     def _train(self) -> list[dict[str, float]]:
         start, resumed_from = self._resume()
@@ -208,6 +215,7 @@ class Trainer:
                         disable=not self.accelerator.is_main_process)
         try:
             while self.completed < self.config.steps:
+                agreed_interrupt_point()  # a signal to any process stops all of them here, before the step
                 metrics = self.train_step(self.completed)  # updates the policy, logs the step
                 step = self.completed
                 done.append(metrics)
@@ -251,9 +259,9 @@ class Trainer:
     def train_step(self, step: int) -> dict[str, float]:
         """One training step on this step's prompts (a rollout, then its updates:
         ``training/update.py``), logged in ``metrics.jsonl``; ``self.completed`` becomes
-        ``step + 1``. The optimizer steps and the log line are one unit for Ctrl-C and
-        SIGTERM (held from the first optimizer step until the line is written), so an
-        interrupt never finds weights that are ahead of the log.
+        ``step + 1`` (``step`` counts the steps done before it). A signal received by any
+        process stops all of them after the rollout, before the updates (an agreed
+        interrupt point), so an interrupt never finds weights that are ahead of the log.
 
         Each process samples and scores its share of the step's prompts; the rollouts are
         then gathered (``whole_step.py``), so every process screens the rewards, runs the
@@ -267,7 +275,7 @@ class Trainer:
         inputs = {key: value.to(accelerator.device) for key, value in inputs.items()}
         self._check_prompt_lengths(examples, inputs)
         inputs = with_prompt_embeddings(self.policy, inputs)  # audio encoded once per prompt for the whole step
-        context = StepContext(step, self.policy, self.loaded, examples, inputs, config, first_prompt=share.start)
+        context = StepContext(step + 1, self.policy, self.loaded, examples, inputs, config, first_prompt=share.start)
         hook = self.engine.manager.hook
         started = time.perf_counter()
         torch.manual_seed(config.seed * 1_000_003 + step * 1_009)  # for plugins that draw from torch's generator
@@ -275,7 +283,8 @@ class Trainer:
         with gathered_for_generation(self.model):  # FSDP2: weights gathered once, not per token and layer
             rollout = hook.rollout(context=context)
         rewards = hook.score_rollouts(context=context, rollout=rollout)
-        whole = gather_rollout(rollout, rewards, share, accelerator.device)
+        agreed_interrupt_point()  # the safe point inside the step: nothing of it is trained yet
+        whole = gather_rollout(rollout, rewards, share, accelerator.device, step + 1)
         # every process takes the same decision on the whole step's rewards
         dropped = bad_reward_prompts(whole.rewards, whole.rollout, step_examples, step + 1, config.nonfinite_rewards,
                                      scorer_name(hook, config.reward))
@@ -292,21 +301,17 @@ class Trainer:
         own = whole.rows[accelerator.process_index]
         advantages = torch.zeros(whole.rollout.batch.tokens.shape, dtype=result.advantages.dtype)  # [N, T] whole step
         advantages[kept_rows] = result.advantages.to(advantages.device)
-        held = contextlib.ExitStack()  # interrupts are held from the first optimizer step until the step is logged
-        with held:
-            self.model.train()
-            updates = update_policy(self.learner, config, context, rollout, rollout.batch,
-                                    advantages[own.start : own.stop, : rollout.batch.width], kept[own.start : own.stop],
-                                    whole.rollout.batch, whole.rollout.prompt_index, kept,
-                                    on_first_step=lambda: held.enter_context(deferred_interrupts()),
-                                    after_step=lambda update: self.engine.manager.hook.on_optimizer_step(
-                                        model=self.policy, optimizer=self.optimizer, step=step + 1, update=update))
-            metrics = self._step_metrics(batch, result.advantages, dropped, updates)
-            metrics.update(rollout_seconds=sampled - started, estimator_seconds=estimated - sampled)
-            self.scheduler.step()
-            self.completed += 1
-            metrics["update_seconds"] = time.perf_counter() - estimated
-            self._log(self.completed, metrics)
+        self.model.train()
+        data = StepData(context, rollout, advantages[own.start : own.stop, : rollout.batch.width],
+                        kept[own.start : own.stop], whole.rollout.batch, whole.rollout.prompt_index, kept)
+        updates = update_policy(self.learner, data, after_step=lambda update: self.engine.manager.hook.on_optimizer_step(
+            model=self.policy, optimizer=self.optimizer, step=step + 1, update=update))
+        metrics = self._step_metrics(batch, result.advantages, dropped, updates)
+        metrics.update(rollout_seconds=sampled - started, estimator_seconds=estimated - sampled)
+        self.scheduler.step()
+        self.completed += 1
+        metrics["update_seconds"] = time.perf_counter() - estimated
+        self._log(self.completed, metrics)
         self.model.eval()
         return metrics
 
@@ -365,11 +370,10 @@ class Trainer:
         return step, found
 
     def _save(self, step: int) -> None:
-        """Checkpoint ``step``; an interrupt arriving meanwhile is held until it is on disk."""
-        with deferred_interrupts():  # every process writes its part (RNG states, shards)
-            save_checkpoint(self.output_dir, step, self.policy, self.optimizer, self.accelerator, self.scheduler,
-                            keep=self.config.keep_checkpoints, plugin_states=self._plugin_states(step))
-            self.saved = step
+        """Checkpoint ``step`` (every process writes its part: RNG states, shards)."""
+        save_checkpoint(self.output_dir, step, self.policy, self.optimizer, self.accelerator, self.scheduler,
+                        keep=self.config.keep_checkpoints, plugin_states=self._plugin_states(step))
+        self.saved = step
 
     def _kept(self) -> str:
         """What an interrupted run keeps, in words: its newest checkpoint."""

@@ -16,6 +16,7 @@ from typing import Sequence
 import torch
 from tqdm import tqdm
 
+from leaf_plugins.core.interrupts import interrupt_point
 from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.tasks.base import Example
 from leaf_plugins.training.config import BackboneConfig, TaskConfig
@@ -91,6 +92,7 @@ def warm_start(config: WarmStartConfig, examples: Sequence[Example], host: Plugi
             shuffle.shuffle(order)
             total, count = 0.0, 0
             for start in range(0, len(order), config.batch_size):
+                interrupt_point()  # Ctrl-C stops between batches (nothing of the warm start is saved until its end)
                 chosen = [examples[i] for i in order[start : start + config.batch_size]]
                 loss = _batch_loss(backbone, loaded, model, chosen)
                 optimizer.zero_grad()

@@ -24,10 +24,11 @@ import torch
 import torch.distributed as dist
 
 from leaf_plugins.core.batch import PAD_TOKEN, PER_TOKEN_FIELDS, RolloutBatch
-from leaf_plugins.core.errors import ConfigError
+from leaf_plugins.core.errors import ConfigError, LeafError
 from leaf_plugins.core.stages import Rollout
 
-__all__ = ["prompt_share", "micro_batch_numbers", "mini_batch_positions", "check_world", "WholeStep", "gather_rollout"]
+__all__ = ["prompt_share", "micro_batch_numbers", "mini_batch_positions", "micro_batches_per_process", "check_world",
+           "WholeStep", "gather_rollout", "RolloutGatherError"]
 
 
 def prompt_share(prompts: int, rank: int, world: int) -> range:
@@ -55,6 +56,19 @@ def mini_batch_positions(share: range, mini_batch: int, mini_batches: int) -> li
     return [position for position in share if position % mini_batches == mini_batch]
 
 
+def micro_batches_per_process(prompts_per_step: int, micro_batch_prompts: int, world: int, mini_batches: int,
+                              mini_batch: int) -> int:
+    """How many micro-batches every process runs in mini-batch ``mini_batch``: as many as
+    the process with the most (at least one). A process with fewer runs stand-ins of
+    weight 0 (``update.plan_micro_batches``), so that all make the same forward passes
+    and collectives: under FSDP2 every forward pass gathers the sharded weights from
+    all processes, and DDP's gradient all-reduce closes each update on all of them."""
+    return max(max(len(set(micro_batch_numbers(mini_batch_positions(prompt_share(prompts_per_step, rank, world),
+                                                                    mini_batch, mini_batches),
+                                               micro_batch_prompts, mini_batches))), 1)
+               for rank in range(world))
+
+
 def check_world(prompts_per_step: int, world: int) -> None:
     """Refuse a run in which some process would get no prompt.
 
@@ -77,21 +91,32 @@ class WholeStep:
     rows: list[range]  # the whole rollout's rows of each process (rank r's: rows[r])
 
 
-def gather_rollout(rollout: Rollout, rewards: torch.Tensor, share: range, device: torch.device) -> WholeStep:
+def gather_rollout(rollout: Rollout, rewards: torch.Tensor, share: range, device: torch.device,
+                   step: int = 0) -> WholeStep:
     """Gather every process's rollout of the step (``share``: this process's prompt
     positions) onto every process, over the default process group; ``device``: the one
-    the process group communicates on (CUDA for NCCL). Three collectives: the shapes,
-    one integer and one float tensor, plus the texts."""
+    the process group communicates on (CUDA for NCCL). Three collectives: a header (each
+    process's shape, per-token fields, group ids and texts), then one integer and one
+    float table, each the same call on every process whatever it sampled.
+
+    :raises RolloutGatherError: on every process alike, when the processes' rollouts
+        cannot form one step: a group id sampled by two processes (a rollout plugin that
+        numbers its groups 0…P−1 on each process would merge different prompts' groups),
+        or different per-token fields (a backend that computes a statistic on one process
+        only). ``step`` (1-based) is named in the message.
+    """
     batch = rollout.batch
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     if world == 1:
         return WholeStep(rollout, rewards, [range(batch.size)])
-    fields = [name for name in PER_TOKEN_FIELDS if getattr(batch, name) is not None]  # the same on every process
+    fields = [name for name in PER_TOKEN_FIELDS if getattr(batch, name) is not None]
     fields += sorted(batch.extra)  # a backend's or plugin's own per-token fields
-    shape = torch.tensor([batch.size, batch.width], dtype=torch.int64, device=device)
-    shapes = [torch.empty_like(shape) for _ in range(world)]
-    dist.all_gather(shapes, shape)
-    sizes = [(int(s[0]), int(s[1])) for s in shapes]
+    header = {"size": batch.size, "width": batch.width, "fields": fields,
+              "groups": sorted(set(batch.group_ids.tolist())), "texts": list(rollout.texts)}
+    headers: list[dict] = [{} for _ in range(world)]
+    dist.all_gather_object(headers, header)
+    _check_headers(headers, step)
+    sizes = [(h["size"], h["width"]) for h in headers]
     rows, width = max(n for n, _ in sizes), max(t for _, t in sizes)
 
     integers = torch.full((rows, width + 3), PAD_TOKEN, dtype=torch.int64, device=device)  # tokens | length, id, prompt
@@ -107,8 +132,6 @@ def gather_rollout(rollout: Rollout, rewards: torch.Tensor, share: range, device
     gathered_floats = [torch.empty_like(floats) for _ in range(world)]
     dist.all_gather(gathered_integers, integers)
     dist.all_gather(gathered_floats, floats)
-    texts: list[list[str]] = [[] for _ in range(world)]
-    dist.all_gather_object(texts, list(rollout.texts))
 
     home = batch.tokens.device
     integers = torch.cat([block[:n] for block, (n, _) in zip(gathered_integers, sizes)]).to(home)  # [N, width + 3]
@@ -123,7 +146,32 @@ def gather_rollout(rollout: Rollout, rewards: torch.Tensor, share: range, device
     starts = torch.tensor([0] + [n for n, _ in sizes]).cumsum(0).tolist()
     return WholeStep(
         Rollout(batch=whole, prompt_index=integers[:, width + 2].contiguous(),
-                texts=[text for share_texts in texts for text in share_texts]),
+                texts=[text for h in headers for text in h["texts"]]),
         floats[:, 0].contiguous(),
         [range(starts[r], starts[r + 1]) for r in range(world)],
     )
+
+
+def _check_headers(headers: list[dict], step: int) -> None:
+    """Refuse rollouts of the processes that cannot form one step (``gather_rollout``)."""
+    where = f"step {step}: " if step else ""
+    for rank, header in enumerate(headers[1:], start=1):
+        if header["fields"] != headers[0]["fields"]:
+            raise RolloutGatherError(
+                f"{where}the processes' rollouts have different per-token fields: process 0's has "
+                f"{', '.join(headers[0]['fields']) or 'none'}, process {rank}'s {', '.join(header['fields']) or 'none'}. "
+                f"Every process must compute the same fields (a rollout backend or plugin that adds a field adds it "
+                f"on every process, for every step)")
+    owner: dict[int, int] = {}
+    for rank, header in enumerate(headers):
+        for group in header["groups"]:
+            if group in owner:
+                raise RolloutGatherError(
+                    f"{where}group id {group} was sampled by process {owner[group]} and by process {rank}: the "
+                    f"processes' rollouts would merge different prompts into one group. A rollout plugin numbers "
+                    f"its groups as the step's prompts (StepContext.group_ids), not from 0 on each process")
+            owner[group] = rank
+
+
+class RolloutGatherError(LeafError):
+    """The processes' rollouts of a step cannot be gathered into one step."""

@@ -1,6 +1,7 @@
 """Under ``torchrun`` / ``accelerate launch`` (or as one plain process): short runs of
-every built-in estimator, a run whose poisoned groups are dropped, and a run of several
-clipped updates per rollout on a schedule ("updates"), on 7 prompts a
+every built-in estimator, a run whose poisoned groups are dropped, a run of several
+clipped updates per rollout on a schedule ("updates") and one of two prompts a
+micro-batch ("micro_batches"), on 7 prompts a
 step (uneven shares on 2 and 3 processes) with LoRA dropout on; rank 0 saves each run's
 metrics, its rollout log and its first and final adapter, every rank its adapter's checksum.
 
@@ -45,6 +46,9 @@ def main(output: Path, estimators: list[str]) -> None:
         runs["updates"].optim = OptimConfig(learning_rate=3e-2, micro_batch_prompts=1, updates_per_rollout=2,
                                             mini_batches=2, max_grad_norm=0.5, lr_schedule="cosine",
                                             warmup_steps=1, weight_decay=0.01)
+    if "micro_batches" in estimators:  # two prompts a micro-batch, cut at other places by the shares: keyed dropout
+        runs["micro_batches"] = settings(output / "micro_batches", "leaf")
+        runs["micro_batches"].optim = OptimConfig(learning_rate=3e-2, micro_batch_prompts=2)
     if "dropped" in estimators:
         runs["dropped"] = dataclasses.replace(settings(output / "dropped", "leaf", "nan_on_poison"),
                                               nonfinite_rewards="drop_group")
@@ -61,4 +65,4 @@ def main(output: Path, estimators: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2:] or [*ESTIMATORS, "dropped", "updates"])
+    main(Path(sys.argv[1]), sys.argv[2:] or [*ESTIMATORS, "dropped", "updates", "micro_batches"])

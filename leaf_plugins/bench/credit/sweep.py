@@ -17,6 +17,7 @@ from leaf_plugins.bench.credit.measures import (
 )
 from leaf_plugins.bench.credit.sampling import Groups, sample_groups
 from leaf_plugins.bench.estimator_choice import EstimatorChoice
+from leaf_plugins.core.interrupts import interrupt_point
 
 __all__ = ["Settings", "Row", "regimes", "held_out_regimes", "run_sweep", "paired_cosine_gain", "paired_learning_gain",
            "markdown_table", "write_csv", "BASELINES"]
@@ -169,6 +170,7 @@ def run_sweep(settings: Settings, chosen: list[Regime] | None = None,
     for regime in chosen or regimes():
         samples = _sample(regime, settings)
         for name in names:
+            interrupt_point()  # Ctrl-C stops between estimators
             rows.append(_run_one(regime, name, settings, samples))
             progress.update()
     progress.close()
