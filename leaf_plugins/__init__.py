@@ -2,7 +2,7 @@
 
 The names below are imported on first use (PEP 562), so ``import leaf_plugins`` (and the
 ``leaf`` command's start-up, which handles Ctrl-C from its first moment) does not wait
-for torch."""
+for torch. ``__version__`` is ``core.version.package_version()``, read on first use too."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ if TYPE_CHECKING:
     from leaf_plugins.core.engine import Engine, estimate
     from leaf_plugins.core.errors import ConfigError, LeafError, UnknownNameError
     from leaf_plugins.core.hookspecs import hookimpl
-    from leaf_plugins.core.parameters import NoParameters, configured
+    from leaf_plugins.core.parameters import NoParameters, configured, parameterised
     from leaf_plugins.core.plugins import get_host
     from leaf_plugins.core.tree import Boundaries, EstimateResult, Node, Nodes, root_only_nodes
 
-__version__ = "0.1.0"
+    __version__: str
 
 _HOMES = {
     "RolloutBatch": "leaf_plugins.core.batch",
@@ -33,6 +33,7 @@ _HOMES = {
     "hookimpl": "leaf_plugins.core.hookspecs",
     "NoParameters": "leaf_plugins.core.parameters",
     "configured": "leaf_plugins.core.parameters",
+    "parameterised": "leaf_plugins.core.parameters",
     "get_host": "leaf_plugins.core.plugins",
     "Boundaries": "leaf_plugins.core.tree",
     "EstimateResult": "leaf_plugins.core.tree",
@@ -59,14 +60,20 @@ __all__ = [
     "estimate",
     "get_host",
     "hookimpl",
+    "parameterised",
     "root_only_nodes",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
+    if name == "__version__":
+        from leaf_plugins.core.version import package_version
+
+        value = package_version()
+    elif name in _HOMES:
+        value = getattr(importlib.import_module(_HOMES[name]), name)
+    else:
         raise AttributeError(f"module 'leaf_plugins' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_HOMES[name]), name)
     globals()[name] = value  # once imported, an ordinary attribute
     return value
 

@@ -184,23 +184,18 @@ def estimators_page() -> str:
 
 
 def estimator_reads(estimator: Any) -> str:
-    """What an estimator declares it reads of the batch (``requires``, per stage) and what
-    its advantages depend on (``spans``), in one line."""
-    from leaf_plugins.core.engine import STAGES, declared_requires
+    """What an estimator declares it reads of the batch (``requires``, per stage), in one line."""
+    from leaf_plugins.core.engine import declared_requires
+    from leaf_plugins.core.hookspecs import ESTIMATOR_STAGES
 
     declared = declared_requires(estimator)
     if declared is None:
         reads = "Reads: undeclared (every optional per-token field is computed for it)."
     else:
-        used = [f"{', '.join(f'`{field}`' for field in declared[stage])} ({stage})" for stage in STAGES
+        used = [f"{', '.join(f'`{field}`' for field in declared[stage])} ({stage})" for stage in ESTIMATOR_STAGES
                 if declared[stage]]
         reads = f"Reads: {'; '.join(used)}." if used else "Reads: the rewards only (no optional per-token field)."
-    spans = getattr(estimator, "spans", "call")
-    if callable(spans):
-        spanned = "depends on its parameters (`spans(params)`)"
-    else:
-        spanned = "one group" if spans == "group" else "the whole call"
-    return f"{reads} Spans: {spanned}."
+    return reads
 
 
 def pages() -> dict[str, str]:

@@ -5,7 +5,7 @@
 # torch is installed first and pinned to the CPU build this machine has on disk; on a GPU
 # cluster install your own CUDA build of torch first and this script keeps it
 # (LEAF_TORCH_SPEC="" skips the torch step). This package goes in with its training stack and
-# its test, eval, TRL and docs extras; verl in .venv-verl, where this package is installed
+# its test, eval, TRL, trackers and docs extras; verl in .venv-verl, where this package is installed
 # beside verl 0.9.1 (scripts/install_verl_env.sh). docs/installation.md says more.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,7 +40,7 @@ if [ -n "$TORCH_SPEC" ] && ! "$PYTHON" -c "import torch" >/dev/null 2>&1; then
   $PIP_INSTALL "$TORCH_SPEC"
 fi
 echo "installing leaf-plugins and its dependencies"
-$PIP_INSTALL -e ".[train,test,eval,trl,docs]"
+$PIP_INSTALL -e ".[train,test,eval,trl,trackers,docs]"
 # verl pins a transformers below the training stack's floor: the verl integration is tested in an
 # environment of verl's own (.venv-verl), with this package installed there beside verl
 bash scripts/install_verl_env.sh

@@ -12,8 +12,8 @@
 #    is then kept in $ENV_DIR/verl-freeze.txt.
 # 2. this package, editable, with its [verl,test] extras (every run: its metadata may have
 #    changed), then `pip check`, whose output is kept in $ENV_DIR/pip-check.txt.
-# About 2 minutes from scratch on 2 cores (a few seconds when built); LEAF_VERL_ENV=DIR builds
-# it elsewhere.
+# From scratch, part of the about 4 minutes that install.sh takes on 2 CPU cores, downloads
+# aside (a few seconds when built); LEAF_VERL_ENV=DIR builds it elsewhere.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python}"

@@ -13,7 +13,7 @@ from reference_estimators import Response, estimate_groups
 
 # Parameter grids each estimator accepts (every combination is exercised somewhere).
 PARAMETER_GRID = {
-    "grpo": [{}, {"std_floor": 1 / 3}, {"eps": 1e-3}],
+    "grpo": [{}, {"std_floor": 1 / 3}, {"eps": 1e-3}, {"scale_rewards": False}],
     "leaf": [
         {"fork_budget": b, "min_group": m, "horizon": h, "terms": t, "normalize": n}
         for b in (0, 1, 2, 4)

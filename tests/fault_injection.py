@@ -59,8 +59,8 @@ def _arm(point: str, n: int) -> None:
     """Patch the function of ``point`` so that its n-th call kills the process."""
     import torch
 
-    from leaf_plugins.analysis import rollout_log
     from leaf_plugins.core import engine
+    from leaf_plugins.rollout import log as rollout_log
     from leaf_plugins.studies import runner
     from leaf_plugins.training import checkpoint, durable, trainer
 

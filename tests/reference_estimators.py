@@ -38,10 +38,10 @@ def sample_std(values: list[float]) -> float:
 
 
 # ---------------------------------------------------------------------------- GRPO
-def grpo(group: list[Response], std_floor: float = 0.0, eps: float = 1e-6) -> Result:
+def grpo(group: list[Response], std_floor: float = 0.0, eps: float = 1e-6, scale_rewards: bool = True) -> Result:
     rewards = [r.reward for r in group]
     v0 = mean(rewards)
-    scale = max(sample_std(rewards), std_floor) + eps
+    scale = max(sample_std(rewards), std_floor) + eps if scale_rewards else 1.0
     advantages = [[(r.reward - v0) / scale] * len(r.tokens) for r in group]
     return Result(advantages, [], [])
 

@@ -1,13 +1,18 @@
-"""Small real-format fixtures for the task tests: audio files written with soundfile."""
+"""Small real-format fixtures for the task tests: audio files written with soundfile, and
+registered tasks built with their parameters as a run builds them."""
 
 from __future__ import annotations
 
 import hashlib
 import io
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import soundfile
+
+from leaf_plugins import get_host
+from leaf_plugins.core.parameters import configured
 
 
 def tone(seconds: float, rate: int, frequency: float = 440.0) -> np.ndarray:
@@ -39,3 +44,13 @@ def hashed(key: str) -> float:
 def peak_frequency(wave: np.ndarray, rate: int = 16000) -> float:
     spectrum = np.abs(np.fft.rfft(wave))
     return float(np.fft.rfftfreq(len(wave), 1 / rate)[spectrum.argmax()])
+
+
+def built(name: str, **options: Any) -> Any:
+    """Registered task ``name`` built with ``options`` (its parameters), as a run builds it."""
+    return configured("task", name, get_host().tasks.get(name), options)
+
+
+def load(name: str, split: str, **options: Any) -> Any:
+    """The examples of ``split`` of task ``name`` built with ``options``."""
+    return built(name, **options).load(split)

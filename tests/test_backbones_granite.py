@@ -12,7 +12,8 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 from leaf_plugins import get_host
-from leaf_plugins.backbones.granite_speech import TorchGraniteSpeechFeatureExtractor
+from leaf_plugins.backbones.granite_features import TorchGraniteSpeechFeatureExtractor
+from leaf_plugins.core.stages import RolloutRequest
 from leaf_plugins.training.lora import attach_lora, reference_policy
 from leaf_plugins.rollout.sampling import sample_responses
 from leaf_plugins.training.teacher_forcing import response_logprobs
@@ -76,7 +77,7 @@ def test_rollout_and_teacher_forcing_agree_on_granite(tiny):
     inputs = backbone.build_inputs(loaded, ["<|audio|> translate", "<|audio|> who?"], [clip(1.0), clip(1.5, 1)])
     loaded.model.eval()
     torch.manual_seed(0)
-    rollout = sample_responses(loaded.model, loaded, inputs, group_size=4, max_new_tokens=10)
+    rollout = sample_responses(RolloutRequest(loaded.model, loaded, inputs, group_size=4, max_new_tokens=10))
     with torch.no_grad():
         forced = response_logprobs(loaded.model, inputs, rollout.batch.tokens, rollout.batch.lengths, rollout.prompt_index)
     assert torch.allclose(forced, rollout.batch.logprobs, atol=1e-4)

@@ -20,13 +20,32 @@ def test_a_small_step_is_measured_phase_by_phase(path):
     assert 0 < row["response_tokens"] <= 2 * 2 * 3
 
 
+def test_the_trainers_path_is_the_trainers_update(monkeypatch):
+    """The measured update is the trainer's own ``update_policy``, on the model as the
+    trainer prepares it (keyed LoRA dropout), with a run's micro-batches."""
+    from leaf_plugins.training import update
+    from leaf_plugins.training.keyed_dropout import KeyedDropout
+
+    calls = []
+    original = update.update_policy
+
+    def recorded(learner, data, *args, **kwargs):
+        calls.append((data.context.config.optim.micro_batch_prompts, data.rollout.batch.size,
+                      any(isinstance(m, KeyedDropout) for m in learner.policy.modules())))
+        return original(learner, data, *args, **kwargs)
+
+    monkeypatch.setattr(update, "update_policy", recorded)
+    measure(StepShape("new", "qwen2-audio", 1024, prompts=2, group_size=2, new_tokens=3, audio_seconds=1))
+    assert calls == [(1, 4, True)]
+
+
 def test_table_rows_and_ratios():
     def row(path, seconds, peak):
         return {"path": path, "backbone": "qwen2-audio", "vocab_size": 156032, "new_tokens": 25, "audio_seconds": 30,
-                "seconds": {"generate": seconds, "policy": 1.0}, "peaks": {}, "before": 1e9, "peak": 1e9 + peak}
+                "seconds": {"generate": seconds, "update": 1.0}, "peaks": {}, "before": 1e9, "peak": 1e9 + peak}
 
     table = step_table([row("old", 7.0, 8e9), row("new", 3.0, 2e9)])
-    phases = "– | 7.00 | – | – | – | 1.00 | – | –"
+    phases = "– | 7.00 | – | – | 1.00"
     assert f"| qwen2-audio (156,032) | 30 | 25 | old | {phases} | 8.0 | 8.00 | 9.00 |" in table
     assert "old/new step time 2.0×, peak memory above the model 4.0×" in table
 
@@ -64,11 +83,11 @@ def test_table_marks_checkpointing_and_a_step_that_ran_out_of_memory():
         return found | ({"out_of_memory": failed} if failed else {})
 
     table = step_table([row("old", True, {"generate": 30.0}, 55e9, failed="generate"),
-                        row("new", True, {"generate": 30.0, "policy": 10.0}, 27e9)])
+                        row("new", True, {"generate": 30.0, "update": 10.0}, 27e9)])
     assert table.startswith("Measured on NVIDIA H100 80GB HBM3; weights bf16")
     assert "| peak allocated GB |" in table
-    assert "| old + checkpointing | – | 30.00 | – | – | – | – | – | – | out of memory in generate | > 55.00 | 72.00 |" in table
-    assert "| new + checkpointing | – | 30.00 | – | – | – | 10.00 | – | – | 40.0 | 27.00 | 44.00 |" in table
+    assert "| old + checkpointing | – | 30.00 | – | – | – | out of memory in generate | > 55.00 | 72.00 |" in table
+    assert "| new + checkpointing | – | 30.00 | – | – | 10.00 | 40.0 | 27.00 | 44.00 |" in table
     assert "old/new" not in table  # no ratio against a step that did not finish
 
 

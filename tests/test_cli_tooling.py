@@ -18,6 +18,7 @@ import leaf_plugins as lp
 from leaf_plugins.bench.speed import SpeedRow, speed_caption
 from leaf_plugins.cli import build_parser, main
 from leaf_plugins.core import command
+from written_files import run_naming_every_file_written
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,18 +46,19 @@ def test_built_in_commands_name_no_package():
 
 @pytest.mark.slow  # installs the example package (seconds)
 def test_help_names_the_package_of_a_command_that_is_not_built_in(tmp_path, monkeypatch):
-    source = tmp_path / "leaf-runs"  # copied: pip builds in the tree
-    shutil.copytree(ROOT / "examples" / "leaf-runs", source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    source = tmp_path / "leaf-checkpoints"  # copied: pip builds in the tree
+    shutil.copytree(ROOT / "examples" / "leaf-checkpoints", source,
+                    ignore=shutil.ignore_patterns("build", "*.egg-info"))
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--quiet",
                     "--disable-pip-version-check", "--target", str(site), str(source)], check=True)
     monkeypatch.syspath_prepend(str(site))  # its entry point is found like an installed package's
     parser = build_parser()
     overview = help_text(parser)
-    assert "runs Summarise training runs: last step, reward, KL, newest checkpoint, plugins. (from leaf-runs)" \
-        in overview
+    assert ("checkpoints List training runs' checkpoints (steps, newest) and the plugins they name. "
+            "(from leaf-checkpoints)") in overview
     assert overview.count("(from ") == 1  # the built-ins name none
-    assert help_text(subcommand(parser, "runs")).count("(from leaf-runs)") == 1  # `leaf runs --help` too
+    assert help_text(subcommand(parser, "checkpoints")).count("(from leaf-checkpoints)") == 1  # its --help too
 
 
 def test_bench_speed_defaults_to_one_thread_and_refuses_zero(capsys):
@@ -76,14 +78,23 @@ def test_the_speed_caption_states_the_recorded_thread_counts():
 
 @pytest.mark.slow  # runs the speed suite once for one estimator (about 15 s)
 def test_bench_speed_runs_at_the_thread_count_it_states(tmp_path, capsys):
-    status = main(["bench", "speed", "--threads", "2", "--repeats", "1", "--quick", "--estimator", "grpo",
-                   "--out", str(tmp_path)])
-    assert status == 0
-    assert "threads: 2" in capsys.readouterr().out
+    printed = run_naming_every_file_written(["bench", "speed", "--threads", "2", "--repeats", "1", "--quick",
+                                             "--estimator", "grpo", "--out", str(tmp_path)], tmp_path, capsys)
+    assert "threads: 2" in printed
     recorded = json.loads((tmp_path / "speed-1.json").read_text())["benchmarks"]
     assert recorded and {bench["extra_info"]["threads"] for bench in recorded} == {2}
     assert (tmp_path / "speed.md").read_text().splitlines()[0] == \
         "Estimators on the CPU at 2 torch CPU threads (--threads)."
+
+
+def test_every_written_line_is_built_from_the_paths_written():
+    """A command's ``written:`` line comes from ``commands.written_line`` of the paths its
+    writing code returned or used, never from file names spelt out again beside it."""
+    spelt = [f"{path.relative_to(ROOT)}:{number}" for path in sorted((ROOT / "leaf_plugins").rglob("*.py"))
+             if path != ROOT / "leaf_plugins" / "commands" / "__init__.py"
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if re.search(r"[\"'](?:\\n)*written:", line)]  # the line's text in a string
+    assert spelt == [], f"print commands.written_line(paths) instead: {spelt}"
 
 
 def test_credit_help_and_docs_count_the_regimes_the_code_defines():

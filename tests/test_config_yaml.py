@@ -60,7 +60,7 @@ def test_every_mistake_is_reported_at_once_the_estimators_parameters_included(tm
         f"each; got 'eachh'. Did you mean 'each'?\n"
         f"  {path}:1:1: unknown key 'stpes'. Did you mean 'steps'? Valid keys: output_dir, seed, steps, "
         f"checkpoint_every, keep_checkpoints, sharding, log_rollouts, nonfinite_rewards, threads, reward, "
-        f"reward_params, plugins, backbone, task, estimator, rollout, optim, lora\n"
+        f"reward_params, report_to, plugins, backbone, task, estimator, rollout, optim, lora\n"
         f"  {path}:3:3: rollout.group_size: expected int, got 'eight'\n"
         f"  {path}:7:5: estimator.params.fork_budgt: estimator 'leaf' has no parameter 'fork_budgt'. Did you mean "
         f"'fork_budget'? Its parameters: fork_budget, horizon, min_group, normalize, terms\n")
@@ -141,10 +141,10 @@ def test_the_cli_prints_the_switch_as_one_note_and_runs_on(tmp_path, capsys):
 @pytest.mark.parametrize("file, overrides, location, message", [
     (LEAF_RUN, ["estimator.name=grpo", "estimator.params.epss=0.1"], "override 'estimator.params.epss=0.1'",
      "estimator.params.epss: estimator 'grpo' has no parameter 'epss'. Did you mean 'eps'? Its parameters: eps, "
-     "std_floor"),
+     "scale_rewards, std_floor"),
     (LEAF_RUN, ["estimator.name=grpo", "estimator.params.fork_budget=2"], "override 'estimator.params.fork_budget=2'",
      "estimator.params.fork_budget: estimator 'grpo' has no parameter 'fork_budget' (a parameter of collision, leaf, "
-     "tree_otb, tree_rloo). Its parameters: eps, std_floor"),
+     "tree_otb, tree_rloo). Its parameters: eps, scale_rewards, std_floor"),
     (LEAF_RUN.replace("fork_budget", "fork_budgt"), ["estimator.name=grpo"], "{path}:5:5",
      "estimator.params.fork_budgt: estimator 'grpo' has no parameter 'fork_budgt'. Did you mean 'fork_budget'?"),
     (LEAF_RUN.replace("leaf", "grpo"), [], "{path}:5:5",
@@ -206,9 +206,9 @@ def test_a_built_in_tasks_options_are_checked_with_the_config_naming_each_culpri
         load_train_config(path, ["task.options.workers=many"])
     lines = str(error.value).splitlines()[1:]
     assert lines == [  # overrides first, then the file's lines in order
-        "  override 'task.options.workers=many': task.options.workers: task 'spoken-translation': option 'workers' "
-        "must be int, got 'many'",
-        f"  {path}:5:5: task.options.sizee: task 'spoken-translation': unknown option 'sizee'. Did you mean 'size' "
-        f"or 'seed'? Options: seed, size, validation_size, test_size, cache_dir, workers",
+        "  override 'task.options.workers=many': task.options.workers: workers must be an integer or null, "
+        "got 'many'",
+        f"  {path}:5:5: task.options.sizee: task 'spoken-translation' has no parameter 'sizee'. Did you mean 'size' "
+        f"or 'seed'? Its parameters: cache_dir, seed, size, test_size, validation_size, workers",
     ]
     assert load_train_config(path, ["task.options={size: 12}"]).task.options == {"size": 12}

@@ -65,18 +65,26 @@ def test_call_cache_computes_once_and_lives_for_one_estimator_call():
         computed.append(1)
         return len(computed)
 
-    class Asking:  # asks in two stages and leaves the results to the estimator (returns None)
+    class Asking:  # an estimator that asks in two of its stages
         @hookimpl
         def retain_nodes(self, batch, boundaries, params):  # noqa: ANN001
             batch.call_cached("test.count", count)
+            return lp.root_only_nodes(batch)
 
         @hookimpl
         def compute_advantages(self, batch, nodes, params):  # noqa: ANN001
             batch.call_cached("test.count", count)
+            return torch.zeros(batch.tokens.shape)
+
+    class Register:
+        @hookimpl
+        def register_estimators(self, register):  # noqa: ANN001
+            register("asking", Asking())
 
     assert batch.call_cached("test.count", count) == 1 and batch.call_cached("test.count", count) == 1
     batch.clear_call_cache()
-    engine = lp.Engine("grpo", observers=[Asking()])
+    engine = lp.Engine("asking", host=lp.core.plugins.PluginHost.discover(extra_plugins=[("asking", Register())],
+                                                                          strict=True))
     engine.estimate(batch)
     assert len(computed) == 2  # once in the call, though two stages asked
     engine.estimate(batch)

@@ -12,7 +12,7 @@ from typing import Literal, Optional
 import pytest
 
 import leaf_plugins as lp
-from leaf_plugins.core.errors import ConfigError
+from leaf_plugins.core.errors import ConfigError, PluginLoadError
 from leaf_plugins.core.plugins import PluginHost
 
 CORE = Path(lp.__file__).resolve().parent / "core"
@@ -156,24 +156,21 @@ def test_the_built_ins_that_share_a_stage_share_its_parameters():
         lp.Engine("tree_otb", {}, {"compute_advantages": "tree_rloo"})
 
 
-@pytest.mark.parametrize("declared", [None, frozenset(), ()])
-def test_an_estimator_without_a_dataclass_works_with_a_deprecation_warning(declared):
-    estimator = Recording(declared, [])
-    if declared is None:
-        del estimator.parameters
-    host = host_with(old=estimator)
-    with pytest.warns(DeprecationWarning, match="declares no parameter dataclass: give it `parameters = NoParameters`"):
-        engine = lp.Engine("old", host=host)
+def test_an_estimator_without_parameters_takes_none():
+    estimator = Recording(None, [])
+    del estimator.parameters
+    host = host_with(plain=estimator)
+    engine = lp.Engine("plain", host=host)
     assert engine.params == lp.NoParameters()
-    with pytest.warns(DeprecationWarning), pytest.raises(ConfigError, match="estimator 'old' has no parameter 'x'"):
-        lp.Engine("old", {"x": 1}, host=host)
+    with pytest.raises(ConfigError, match="estimator 'plain' has no parameter 'x'"):
+        lp.Engine("plain", {"x": 1}, host=host)
 
 
-def test_parameters_as_a_set_of_names_are_refused_saying_how_to_declare_them():
-    host = host_with(old=Recording(frozenset({"fork_budget", "gain"}), []))
-    with pytest.raises(ConfigError, match=r"estimator 'old' declares its parameters as names \(fork_budget, gain\); "
-                                          r"declare a dataclass instead: `@dataclass\(frozen=True\) class Params:"):
-        lp.Engine("old", host=host)
+@pytest.mark.parametrize("declared", [frozenset(), frozenset({"fork_budget", "gain"}), ()])
+def test_parameters_that_are_not_a_dataclass_are_refused_when_the_estimator_registers(declared):
+    with pytest.raises(PluginLoadError, match=r"estimator 'old' from extra cannot run: `parameters` must be a "
+                                              r"@dataclass class whose fields are its parameters"):
+        host_with(old=Recording(declared, []))
 
 
 def test_core_holds_no_built_in_estimators_parameter():
@@ -184,12 +181,11 @@ def test_core_holds_no_built_in_estimators_parameter():
     assert found == []
 
 
-def test_leaf_plugins_lists_parameters_and_says_what_a_former_declaration_needs(monkeypatch, capsys):
+def test_leaf_plugins_lists_parameters(monkeypatch, capsys):
     from leaf_plugins.cli import main
     from leaf_plugins.commands import plugins
 
-    host = host_with(mix=Recording(MixParams, []), old=Recording(frozenset(), []),
-                     names=Recording(frozenset({"gain"}), []))
+    host = host_with(mix=Recording(MixParams, []))
     monkeypatch.setattr(plugins, "get_host", lambda: host)
     assert main(["plugins", "--kind", "estimator"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -199,8 +195,4 @@ def test_leaf_plugins_lists_parameters_and_says_what_a_former_declaration_needs(
     assert lines[mix + 3].strip() == "mode: 'mean' | 'max' = 'mean'"
     assert lines[mix + 4].strip() == "cap: float | 'auto' = 'auto'"
     assert lines[mix + 5].strip() == "limit: int | null = null"
-    old = next(i for i, line in enumerate(lines) if line.split()[:2] == ["estimator", "old"])
-    assert "declares no parameter dataclass: give it `parameters = NoParameters`" in lines[old + 1]
-    names = next(i for i, line in enumerate(lines) if line.split()[:2] == ["estimator", "names"])
-    assert "parameters: error: estimator 'names' declares its parameters as names (gain)" in lines[names + 1]
     assert any(line.split()[:2] == ["estimator", "leaf"] for line in lines)  # the others are listed as ever

@@ -12,7 +12,8 @@ from leaf_plugins import ConfigError, RolloutBatch, UnknownNameError, estimate, 
 from leaf_plugins.cli import main
 from leaf_plugins.core.errors import DuplicateNameError
 from leaf_plugins.core.hookspecs import LeafSpecs
-from leaf_plugins.core.plugins import PluginHost, discover_commands
+from leaf_plugins.commands.plugins import description
+from leaf_plugins.core.plugins import BUILTIN_DISTRIBUTION, KINDS, PluginHost, discover_commands, get_host
 from leaf_plugins.core.registry import Registry
 
 BUILTIN_ESTIMATORS = {"grpo", "leaf", "collision", "full_tree", "otb"}
@@ -132,6 +133,22 @@ def test_cli_lists_plugins(capsys):
     out = capsys.readouterr().out
     for name in BUILTIN_ESTIMATORS:
         assert any(line.split()[:3] == ["estimator", name, "leaf-plugins"] for line in out.splitlines())
+
+
+def test_cli_shows_every_builtin_description_whole(capsys):
+    """``leaf plugins`` shows the first paragraph of a built-in's docstring (a command: its
+    help), never a cut one: every shown description ends a sentence."""
+    assert main(["plugins"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    shown = [(kind, entry.name, description(entry.value)) for kind in KINDS for entry in get_host().registries[kind]
+             if entry.origin == BUILTIN_DISTRIBUTION]
+    shown += [("command", entry.name, entry.value.help) for entry in discover_commands().registries["command"]
+              if entry.origin == BUILTIN_DISTRIBUTION]
+    assert {kind for kind, _, _ in shown} == {*KINDS, "command"}
+    for kind, name, text in shown:
+        assert text.endswith((".", "!", "?")), f"{kind} {name}: the description {text!r} does not end a sentence"
+        assert any(line.split()[:3] == [kind, name, BUILTIN_DISTRIBUTION] and line.endswith(f"  {text}")
+                   for line in lines), f"{kind} {name}: leaf plugins does not show {text!r} whole"
 
 
 def test_core_never_imports_the_trainer():

@@ -7,11 +7,12 @@ import csv
 import pytest
 
 from leaf_plugins.cli import main
+from written_files import run_naming_every_file_written
 
 
 def test_credit_benchmark_writes_table_csv_and_plots(tmp_path, capsys):
-    assert main(["bench", "credit", "--quick", "--out", str(tmp_path), "--regimes", "base", "exact match"]) == 0
-    out = capsys.readouterr().out
+    out = run_naming_every_file_written(["bench", "credit", "--quick", "--out", str(tmp_path), "--regimes", "base",
+                                         "exact match"], tmp_path, capsys)
     for name in ("grpo", "leaf", "collision", "full_tree", "otb", "tree_rloo", "tree_otb", "oracle (true Q-V)"):
         assert f"| base | {name} |" in out
         assert f"| exact match | {name} |" in out

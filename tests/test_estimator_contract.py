@@ -1,7 +1,7 @@
 """The estimator contract: only ``compute_advantages`` is required (the engine supplies no
-boundaries and root-only nodes), estimators that cannot run are refused when they
-register, ``requires`` and ``spans`` declare what an estimator reads and spans, and
-``RolloutBatch.extra`` carries further per-token fields."""
+boundaries and root-only nodes), estimators that cannot run (or implement hooks other
+than the estimator stages) are refused when they register, ``requires`` declares what an
+estimator reads, and ``RolloutBatch.extra`` carries further per-token fields."""
 
 from __future__ import annotations
 
@@ -30,7 +30,6 @@ class CentredReward:
 
     parameters = lp.NoParameters
     requires = ()
-    spans = "group"
 
     @lp.hookimpl
     def compute_advantages(self, batch, nodes, params):  # type: ignore[no-untyped-def]
@@ -43,7 +42,6 @@ class ValueBaseline:
 
     parameters = lp.NoParameters
     requires = ("value",)
-    spans = "group"
 
     @lp.hookimpl
     def compute_advantages(self, batch, nodes, params):  # type: ignore[no-untyped-def]
@@ -51,7 +49,7 @@ class ValueBaseline:
 
 
 class Undeclared:
-    """Declares neither requires nor spans."""
+    """Declares no requires."""
 
     parameters = lp.NoParameters
 
@@ -114,10 +112,7 @@ def test_compute_advantages_alone_gets_no_boundaries_and_the_group_means():
                                           [-1.0, -1.0, 0.0], [1.0, 0.0, 0.0]]
 
 
-def test_root_only_nodes_is_core_api_and_grpo_re_exports_it():
-    from leaf_plugins.estimators import grpo
-
-    assert grpo.root_only_nodes is root_only_nodes
+def test_root_only_nodes_gives_each_group_its_mean_reward_and_no_node():
     shuffled = lp.RolloutBatch.from_lists([[1], [2], [3], [4], [5]], [1.0, 2.0, 4.0, 8.0, 16.0], [7, 3, 7, 3, 7])
     nodes = root_only_nodes(shuffled)  # groups numbered by ascending id: 3 -> 0, 7 -> 1
     assert nodes.root_value.tolist() == [5.0, 7.0] and nodes.count == 0
@@ -166,6 +161,18 @@ class NotCallable(CentredReward):
     retain_nodes = "root"
 
 
+class WithALoss(CentredReward):
+    """An estimator that would also replace the run's loss and observe its start."""
+
+    @lp.hookimpl
+    def compute_loss(self, context, logprobs, old_logprobs, reference_logprobs, advantages, mask, weights):  # type: ignore[no-untyped-def]
+        return None
+
+    @lp.hookimpl
+    def on_run_start(self, model, optimizer, config, output_dir):  # type: ignore[no-untyped-def]
+        pass
+
+
 def declaring(**attributes: object) -> object:
     return type("Declaring", (CentredReward,), attributes)()
 
@@ -178,7 +185,10 @@ def declaring(**attributes: object) -> object:
     (declaring(requires="logprobs"), r"its requires \(every stage\) must be a tuple of per-token field names"),
     (declaring(requires=("tokens",)), r"names a field every batch has \(tokens\)"),
     (declaring(requires={"select_boundary": ("surprisal",)}), "unknown stage 'select_boundary'"),
-    (declaring(spans="batch"), "its spans must be 'group', 'call' or a method"),
+    (WithALoss(), "it implements compute_loss, on_run_start, which an estimator does not \\(it implements the "
+                  "estimator stages select_boundaries, retain_nodes, compute_advantages alone\\): put them in a stage "
+                  "plugin that a run names in plugins:"),
+    (declaring(parameters={"scale"}), "`parameters` must be a @dataclass class"),
 ])
 def test_an_estimator_that_cannot_run_is_refused_when_it_registers(estimator, reason):
     with pytest.raises(PluginLoadError, match=f"estimator 'broken' from extra cannot run: .*{reason}"):
@@ -190,22 +200,22 @@ def test_an_estimator_that_cannot_run_is_refused_when_it_registers(estimator, re
         host.estimators.get("broken")  # what Engine and the run config's check ask
 
 
-# ---------------------------------------------------------------- requires and spans
+# ---------------------------------------------------------------- requires
 EXPECTED = {  # read off each estimator's code: which optional fields its stages touch
-    "grpo": ((), "group"),
-    "leaf": (("surprisal",), "group"),
-    "collision": ((), "group"),
-    "full_tree": ((), "group"),
-    "otb": (("logprobs", "sum_pi_squared"), "group"),
-    "tree_rloo": (("surprisal",), "group"),
-    "tree_otb": (("surprisal", "logprobs", "sum_pi_squared"), "call"),
+    "grpo": (),
+    "leaf": ("surprisal",),
+    "collision": (),
+    "full_tree": (),
+    "otb": ("logprobs", "sum_pi_squared"),
+    "tree_rloo": ("surprisal",),
+    "tree_otb": ("surprisal", "logprobs", "sum_pi_squared"),
 }
 
 
 @pytest.mark.parametrize("name", BUILTINS)
 def test_builtins_declare_what_they_read_and_that_is_all_they_need(name):
     engine = lp.Engine(name)
-    assert (engine.requires, engine.spans) == EXPECTED[name]
+    assert engine.requires == EXPECTED[name]
     full = policy_batch()
     stripped = keep_only(full, engine.requires)
     torch.testing.assert_close(engine.estimate(stripped).advantages, engine.estimate(full).advantages, rtol=0, atol=0)
@@ -221,13 +231,13 @@ def test_a_missing_required_field_names_the_field_and_the_estimator(name):
             engine.estimate(batch)
 
 
-def test_a_group_spanning_estimator_gives_each_group_what_it_gives_it_alone():
-    # spans = "group" is a promise: estimating the groups apart changes nothing
+def test_groups_never_leak_into_each_other():
+    # the spec's invariant, for every built-in at its defaults (tree_otb's fitted weight learns from the whole call)
     batch = policy_batch(3)
     for name in BUILTINS:
-        engine = lp.Engine(name)
-        if engine.spans != "group":
+        if name == "tree_otb":
             continue
+        engine = lp.Engine(name)
         whole = engine.estimate(batch).advantages
         for group in (0, 1):
             rows = (batch.group_ids == group).nonzero().squeeze(1)
@@ -235,21 +245,16 @@ def test_a_group_spanning_estimator_gives_each_group_what_it_gives_it_alone():
             torch.testing.assert_close(part, whole[rows, :part.shape[1]], rtol=0, atol=0, msg=name)
 
 
-def test_spans_follow_the_parameters_and_the_borrowed_stages():
-    assert lp.Engine("leaf", {"normalize": "batch"}).spans == "call"
-    assert lp.Engine("collision", {"normalize": "batch"}).spans == "call"
-    assert lp.Engine("tree_rloo", {"shrink": "auto"}).spans == "call"
-    assert lp.Engine("tree_rloo", {"scale": "batch_std"}).spans == "call"
-    assert lp.Engine("grpo", stages={"compute_advantages": "tree_otb"}).spans == "call"
+def test_requires_follows_the_borrowed_stages():
     assert lp.Engine("otb", stages={"select_boundaries": "leaf"}).requires == ("surprisal", "logprobs",
                                                                                  "sum_pi_squared")
     assert lp.Engine("leaf", stages={"select_boundaries": "collision"}).requires == ()  # leaf's own is not used
 
 
-def test_an_undeclared_estimator_is_given_every_field_and_spans_the_call():
+def test_an_undeclared_estimator_is_given_every_field():
     host = host_with(undeclared=Undeclared())
     engine = lp.Engine("undeclared", host=host)
-    assert engine.requires == PER_TOKEN_FIELDS and engine.spans == "call"
+    assert engine.requires == PER_TOKEN_FIELDS
     assert engine.estimate(two_groups()).advantages.shape == (5, 3)  # nothing is checked for it
 
 
@@ -359,3 +364,42 @@ def test_a_training_rollout_computes_sum_pi_squared_only_for_an_estimator_that_r
     assert bool(((reading > 0) & (reading <= 1 + 1e-6)).all())  # Σ_v π(v)² of a distribution
     assert torch.equal(seen["grpo"].tokens, seen["otb"].tokens)
     assert torch.equal(seen["grpo"].logprobs, seen["otb"].logprobs)
+
+
+class BareBackend:
+    """A backend that gives surprisal and log-probs only (no Σπ², no extra field)."""
+
+    produces = ()
+
+    def sample(self, request):  # type: ignore[no-untyped-def]
+        raise AssertionError("a run refused before its model loads never samples")
+
+
+class RegistersBareBackend:
+    @lp.hookimpl
+    def register_rollout_backends(self, register):  # type: ignore[no-untyped-def]
+        register("bare", BareBackend())
+
+
+def test_a_run_whose_backend_cannot_give_what_its_estimator_reads_is_refused_in_its_check(tmp_path):
+    """Before the model loads (``leaf train --check``, a study's check, ``Trainer``): the
+    field, the estimator and stage that read it, and the backend are named, at the place
+    that chose the backend."""
+    from leaf_plugins.studies.config import load_study
+    from leaf_plugins.training.config import load_train_config
+
+    host = PluginHost.discover(extra_plugins=[("bare-backend", RegistersBareBackend())], strict=True)
+    run = tmp_path / "run.yaml"
+    run.write_text("steps: 1\nestimator: {name: otb}\nrollout:\n  backend: bare\n")
+    with pytest.raises(ConfigError) as caught:
+        load_train_config(run, host=host)
+    assert (f"{run}:4:3: estimator 'otb' requires the per-token field 'sum_pi_squared' (its compute_advantages reads "
+            f"it), which rollout backend 'bare' does not produce (it produces surprisal, logprobs)") in str(caught.value)
+    load_train_config(run, ["estimator.name=leaf"], host=host)  # leaf reads surprisal alone: the backend gives it
+    load_train_config(run, ["rollout.backend=static"], host=host)  # the built-ins give Σπ²
+    study = tmp_path / "study.yaml"
+    study.write_text("output_dir: out\nbase: {steps: 1, rollout: {backend: bare}}\n"
+                     "grid: {estimator.name: [leaf, otb]}\nseeds: [0]\n")
+    with pytest.raises(ConfigError, match=r"variation 'estimator=otb': estimator 'otb' requires the per-token field "
+                                          r"'sum_pi_squared'"):
+        load_study(study, host=host)

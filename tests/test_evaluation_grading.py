@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
@@ -14,13 +15,14 @@ from transformers import LogitsProcessor
 
 from leaf_plugins.cli import main
 from leaf_plugins.core.errors import ConfigError
-from leaf_plugins.evaluation.grading import grade, read_item_scores, write_grades
+from leaf_plugins.evaluation.grading import PROTOCOLS, grade, read_item_scores, write_grades
 from leaf_plugins.evaluation.grading_parse import AMBIGUOUS, NO_SCORE, NOT_INTEGER, OUT_OF_RANGE, parse_da, parse_likert
 from leaf_plugins.evaluation.grading_prompts import (LIKERT_SYSTEM, RUBRICS, GradeItem, clean_question, da_prompt,
                                                      likert_prompt)
-from leaf_plugins.evaluation.judge_model import load_judge
+from leaf_plugins.evaluation.judge_model import JudgeDecoding, load_judge
 from leaf_plugins.evaluation.tail_risk import cvar
 from test_evaluation_pairwise import _tiny_judge
+from written_files import run_naming_every_file_written
 
 
 @pytest.mark.parametrize("text, score, problem", [
@@ -133,12 +135,13 @@ DA_SCRIPTS = {
 }
 
 
-def test_a_forced_judge_gives_exact_means_counts_and_csv(judge_dir, tmp_path):
+def test_a_forced_judge_gives_exact_means_counts_and_csv(judge_dir, tmp_path, capsys):
     judge = load_judge(str(judge_dir))
     assert judge.has_chat_template  # the chat path is the one exercised
     texts = {item.id: judge.format(da_prompt(item)) for item in ITEMS}
     force = ForceOutputs(judge.tokenizer, {texts[i]: script for i, script in DA_SCRIPTS.items()}, chat_formatted=True)
-    grades = grade(judge, ITEMS, "da", samples=4, batch_size=2, max_new_tokens=12, logits_processor=[force])
+    decoding = replace(PROTOCOLS["da"].decoding, samples=4, batch_size=2, max_new_tokens=12, logits_processor=[force])
+    grades = grade(judge, ITEMS, "da", decoding)
     assert grades.outputs == [DA_SCRIPTS["a"], DA_SCRIPTS["b"], DA_SCRIPTS["c"]]
     assert grades.item_scores == [85.0, None, 45.0]
     assert grades.counts == {"judgments": 12, "parsed": 7, "unparsable": 5, NO_SCORE: 2, OUT_OF_RANGE: 2,
@@ -161,8 +164,8 @@ def test_a_forced_judge_gives_exact_means_counts_and_csv(judge_dir, tmp_path):
 
     # tail analysis straight from the per-item file: the item without a score is left out, and said so
     out = tmp_path / "tail"
-    assert main(["eval", "tail", "--scores", str(tmp_path / "da_items.csv"), "--resamples", "50",
-                 "--out", str(out)]) == 0
+    run_naming_every_file_written(["eval", "tail", "--scores", str(tmp_path / "da_items.csv"), "--resamples", "50",
+                                   "--out", str(out)], out, capsys)
     with (out / "tail_risk.csv").open() as handle:
         rows = {row["statistic"]: row for row in csv.DictReader(handle)}
     assert float(rows["mean"]["value (N=2)"]) == 65.0
@@ -176,11 +179,14 @@ def test_likert_is_greedy_with_the_system_turn_and_sampling_needs_a_temperature(
     scripts = {texts["a"]: ["Correct. [RESULT] 4"], texts["b"]: ["Wrong colour. [RESULT] 7"],
                texts["c"]: ["Partly. [RESULT] 3"]}
     force = ForceOutputs(judge.tokenizer, scripts, chat_formatted=True)
-    grades = grade(judge, ITEMS, "likert", max_new_tokens=32, logits_processor=[force])
+    grades = grade(judge, ITEMS, "likert", replace(PROTOCOLS["likert"].decoding, max_new_tokens=32,
+                                                   logits_processor=[force]))
     assert (grades.samples, grades.temperature) == (1, 0.0)
     assert grades.item_scores == [4.0, None, 3.0] and grades.counts[OUT_OF_RANGE] == 1
     with pytest.raises(ConfigError, match="temperature 0 is greedy"):
-        grade(judge, ITEMS, "likert", samples=3)
+        replace(PROTOCOLS["likert"].decoding, samples=3)
+    with pytest.raises(ConfigError, match="max_new_tokens must be >= 1"):
+        JudgeDecoding(max_new_tokens=0)
     with pytest.raises(ConfigError, match="Did you mean 'likert'"):
         grade(judge, ITEMS, "likret")
 
@@ -192,8 +198,9 @@ def test_da_command_with_a_random_judge_counts_what_does_not_parse(judge_dir, tm
     run.mkdir()
     predictions = run / "predictions-run0.jsonl"
     predictions.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    assert main(["eval", "da", "--judge", str(judge_dir), "--predictions", str(predictions), "--samples", "3",
-                 "--limit", "3", "--max-new-tokens", "6", "--batch-size", "2", "--out", str(run)]) == 0
+    printed = run_naming_every_file_written(["eval", "da", "--judge", str(judge_dir), "--predictions", str(predictions),
+                                             "--samples", "3", "--limit", "3", "--max-new-tokens", "6", "--batch-size",
+                                             "2", "--out", str(run)], run, capsys)
     raw = [json.loads(line) for line in (run / "da_outputs.jsonl").read_text().splitlines()]
     assert [r["id"] for r in raw] == ["q0", "q1", "q2"] and all(len(r["outputs"]) == 3 for r in raw)
     parsed = [[parse_da(text) for text in r["outputs"]] for r in raw]  # recomputed from the raw outputs
@@ -205,10 +212,11 @@ def test_da_command_with_a_random_judge_counts_what_does_not_parse(judge_dir, tm
     for row, judgments in zip(items, parsed):
         scores = [p.score for p in judgments if p.ok]
         assert row["score"] == (f"{sum(scores) / len(scores):g}" if scores else "")
-    assert f"unparsable: {failed} ({100 * failed / 9:.1f}%)" in capsys.readouterr().out
+    assert f"unparsable: {failed} ({100 * failed / 9:.1f}%)" in printed
 
     # the master table: DA from the file, the rest unavailable with the commands that fill them
-    assert main(["eval", "report", str(run), "--names", "tiny", "--out", str(tmp_path / "report")]) == 0
+    run_naming_every_file_written(["eval", "report", str(run), "--names", "tiny", "--out", str(tmp_path / "report")],
+                                  tmp_path / "report", capsys)
     report = (tmp_path / "report" / "report.md").read_text()
     assert report.splitlines()[0] == ("| run | BLEU | R-1 | R-2 | R-L | METEOR | BS-F1 | Pred tok | Likert 1-5 | "
                                       "DA 0-100 |")

@@ -101,20 +101,24 @@ def _tiny_judge(directory):
 
 
 def test_judge_pairs_runs_a_real_causal_lm_in_both_orders(tmp_path):
-    from leaf_plugins.evaluation.judge import PairItem, build_prompt, judge_pairs
+    from dataclasses import replace
+
+    from leaf_plugins.evaluation.judge import PAIRWISE_DECODING, PairItem, build_prompt, judge_pairs
 
     _tiny_judge(tmp_path)
     items = [PairItem("what city", "berlin", "berlin", "paris"),
              PairItem("which colour", "blue", "green", "blue"),
              PairItem("how many", "three", "three", "three four")]
-    run = judge_pairs(str(tmp_path), items, max_new_tokens=6, batch_size=4)
+    run = judge_pairs(str(tmp_path), items, decoding=replace(PAIRWISE_DECODING, max_new_tokens=6, batch_size=4))
     assert len(run.outputs_x_first) == len(run.outputs_y_first) == 3
     assert run.prompts_x_first[1] == build_prompt(items[1], x_first=True)
     first, second = run.prompts_y_first[0].index("paris"), run.prompts_y_first[0].rindex("berlin")
     assert first < second  # Y's answer is shown as Assistant 1 in the swapped order
     assert run.codes.tolist() == pair_outcomes(run.outputs_x_first, run.outputs_y_first, "judgelm").tolist()
     assert sum(run.summary.counts.values()) == 3
-    again = judge_pairs(str(tmp_path), items, max_new_tokens=6, batch_size=2)
+    again = judge_pairs(str(tmp_path), items, decoding=replace(PAIRWISE_DECODING, max_new_tokens=6, batch_size=2))
     assert again.outputs_x_first == run.outputs_x_first  # greedy: batching does not change outputs
+    with pytest.raises(ConfigError, match="decodes greedily"):
+        judge_pairs(str(tmp_path), items, decoding=replace(PAIRWISE_DECODING, samples=2, temperature=0.7))
     with pytest.raises(ConfigError, match="could not be loaded"):
         judge_pairs(str(tmp_path / "missing"), items)

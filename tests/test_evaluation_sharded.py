@@ -8,12 +8,13 @@ import os
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from leaf_plugins.cli import main
-from leaf_plugins.evaluation.sampling import load_policy, sample_groups, sample_predictions
+from leaf_plugins.evaluation.sampling import Sampling, load_policy, sample_groups, sample_predictions
 from training_cases import config, examples
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -33,7 +34,7 @@ def policy(tmp_path_factory):
 
 def test_predictions_do_not_depend_on_the_batch_size(policy):
     chosen = examples(7)
-    by_size = [sample_predictions(policy, chosen, runs=2, max_new_tokens=6, batch_prompts=size, seed=3)
+    by_size = [sample_predictions(policy, chosen, Sampling(responses=2, max_new_tokens=6, batch_prompts=size, seed=3))
                for size in (2, 5)]
     assert by_size[0] == by_size[1]
     assert len(set(by_size[0][0])) > 1  # the examples (same prompt, other audio) are sampled apart
@@ -45,7 +46,7 @@ class RecordingStage:
     def __init__(self) -> None:
         self.asked: list[tuple[int, list[str]]] = []
 
-    def __call__(self, number, model, loaded, chosen, inputs, *settings):
+    def __call__(self, number, chosen, request):
         self.asked.append((number, [example.id for example in chosen]))
         return None
 
@@ -53,11 +54,11 @@ class RecordingStage:
 def test_shares_in_rank_order_are_the_one_process_batches(policy):
     chosen = examples(7)  # 4 batches of 2: shares of 2, 1 and 1 batches
     alone, shares = RecordingStage(), [RecordingStage() for _ in range(3)]
-    expected = [text for rollout in sample_groups(policy, chosen, 2, max_new_tokens=4, batch_prompts=2, stage=alone)
+    sampling = Sampling(responses=2, max_new_tokens=4, batch_prompts=2)
+    expected = [text for rollout in sample_groups(policy, chosen, replace(sampling, stage=alone))
                 for text in rollout.texts]
     texts = [text for rank, stage in enumerate(shares)
-             for rollout in sample_groups(policy, chosen, 2, max_new_tokens=4, batch_prompts=2, stage=stage,
-                                          rank=rank, world=3)
+             for rollout in sample_groups(policy, chosen, replace(sampling, stage=stage), rank=rank, world=3)
              for text in rollout.texts]
     assert texts == expected
     assert [len(stage.asked) for stage in shares] == [2, 1, 1]

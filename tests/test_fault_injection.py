@@ -6,7 +6,6 @@ uninterrupted run; a study killed mid-run resumes to the same table."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from safetensors.torch import load_file
 
 from fault_injection import POINTS, run_leaf
 from leaf_plugins.training.checkpoint import latest_checkpoint
+from leaf_plugins.training.step_metrics import reproducible
 from test_studies import tiny_study
 
 pytestmark = pytest.mark.slow
@@ -58,7 +58,7 @@ def outcome(directory: Path, steps: int = STEPS) -> tuple[dict[str, torch.Tensor
     found = latest_checkpoint(directory)
     assert found is not None and found.name == f"checkpoint-{steps:08d}"
     adapter = load_file(str(found / "adapter" / "adapter_model.safetensors"))
-    metrics = [{k: v for k, v in json.loads(line).items() if not k.endswith("_seconds")}
+    metrics = [reproducible(json.loads(line))
                for line in (directory / "metrics.jsonl").read_text().splitlines()]
     rollouts = [json.loads(line) for line in (directory / "rollouts.jsonl").read_text().splitlines()]
     return adapter, metrics, rollouts

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from leaf_plugins import Engine, RolloutBatch
-from leaf_plugins.analysis.rollout_log import RolloutLogger, batches_from_groups, read_groups
 from leaf_plugins.cli import main
 from leaf_plugins.core.errors import ConfigError
+from leaf_plugins.rollout.log import RolloutLogger, batches_from_groups, read_groups
+from written_files import run_naming_every_file_written
 
 
 def _random_batch(seed: int, groups: int = 6, k: int = 8) -> RolloutBatch:
@@ -71,10 +72,9 @@ def test_forkability_command_writes_tables_and_plot(tmp_path, capsys):
     for seed in range(4):
         engine.estimate(_random_batch(seed, groups=10))
     out = tmp_path / "out"
-    code = main(["forkability", "--rollouts", str(path), "--out", str(out), "--min-attempts", "2",
-                 "--resamples", "200", "--groups-per-batch", "7"])
-    assert code == 0
-    printed = capsys.readouterr().out
+    printed = run_naming_every_file_written(["forkability", "--rollouts", str(path), "--out", str(out),
+                                             "--min-attempts", "2", "--resamples", "200", "--groups-per-batch", "7"],
+                                            out, capsys)
     assert "| cell | 40 | 80 |" in printed
     with (out / "forkability.csv").open() as handle:
         (row,) = list(csv.DictReader(handle))

@@ -45,7 +45,8 @@ def test_listing_and_checking_import_no_model_code(argv):
 
 def test_the_backbones_still_build_their_models():
     """The imports moved into the functions that need them: the tiny backbones still load."""
-    from leaf_plugins.backbones.granite_speech import TINY as GRANITE, TorchGraniteSpeechFeatureExtractor
+    from leaf_plugins.backbones.granite_features import TorchGraniteSpeechFeatureExtractor
+    from leaf_plugins.backbones.granite_speech import TINY as GRANITE
     from leaf_plugins.backbones.qwen2_audio import TINY as QWEN
 
     for spec in (QWEN, GRANITE):

@@ -1,5 +1,7 @@
-"""The package's layout: no import circles (type-only imports included), and sampling
-(``leaf_plugins/rollout/``) never depends on training (``leaf_plugins/training/``)."""
+"""The package's layout: no import circles between modules nor between the packages
+directly under ``leaf_plugins/`` (type-only imports included), sampling
+(``leaf_plugins/rollout/``) never depends on training (``leaf_plugins/training/``), and
+sampling settings travel as one object, not as long parameter lists."""
 
 from __future__ import annotations
 
@@ -40,8 +42,25 @@ def import_graph() -> dict[str, set[str]]:
     return graph
 
 
+def package_of(module: str) -> str:
+    """The package directly under ``leaf_plugins/`` that holds ``module``
+    (``leaf_plugins.training.trainer`` -> ``training``); a top-level module (``leaf_plugins.cli``)
+    is its own package."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else module
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph collapsed onto packages: package -> the other packages whose
+    modules its modules import."""
+    packages: dict[str, set[str]] = {package_of(name): set() for name in graph}
+    for name, targets in graph.items():
+        packages[package_of(name)] |= {package_of(target) for target in targets} - {package_of(name)}
+    return packages
+
+
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    """The strongly connected components of more than one node (Tarjan's algorithm)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -77,8 +96,24 @@ def test_the_circle_finder_finds_a_circle_of_three():
     assert circles({"a": {"b"}, "b": set()}) == []
 
 
+def test_the_package_graph_joins_the_modules_of_a_package():
+    graph = {"leaf_plugins.a.x": {"leaf_plugins.b.y"}, "leaf_plugins.b.y": {"leaf_plugins.a.z"},
+             "leaf_plugins.a.z": {"leaf_plugins.a.x"}, "leaf_plugins.cli": {"leaf_plugins.a.z"}}
+    assert package_graph(graph) == {"a": {"b"}, "b": {"a"}, "cli": {"a"}}
+    assert circles(package_graph(graph)) == [["a", "b"]]
+
+
 def test_no_module_imports_another_that_imports_it_back():
     assert circles(import_graph()) == []
+
+
+def test_no_package_imports_another_that_imports_it_back():
+    graph = import_graph()
+    found = circles(package_graph(graph))
+    imports = [f"{name} imports {target}" for circle in found
+               for name in sorted(graph) for target in sorted(graph[name])
+               if package_of(name) != package_of(target) and {package_of(name), package_of(target)} <= set(circle)]
+    assert found == [], "packages in a circle: " + "; ".join(map(", ".join, found)) + "\n" + "\n".join(imports)
 
 
 def test_sampling_does_not_depend_on_training():
@@ -90,3 +125,39 @@ def test_sampling_does_not_depend_on_training():
     assert reaches == set()
     training = {module_name(path) for path in (PACKAGE / "training").rglob("*.py")}
     assert not {name for name in training if any(word in name for word in ("rollout", "decoding", "token_stats"))}
+
+
+PARAMETER_LIMITS = {"rollout": 8, "evaluation": 8}
+"""Most parameters (``self`` and ``cls`` not counted) of a function or method in each of
+these packages: sampling settings travel as one ``RolloutRequest`` or ``Sampling``, an LLM
+judge's as one ``JudgeDecoding``."""
+
+
+def parameter_counts(package: str) -> dict[str, int]:
+    """``module.function`` (``module.Class.method``) -> its parameter count, ``*args`` and
+    ``**kwargs`` included, ``self`` and ``cls`` not, for every function of ``package``."""
+    counts: dict[str, int] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                arguments = child.args
+                names = [a.arg for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs,
+                                          *filter(None, (arguments.vararg, arguments.kwarg)))]
+                counts[f"{prefix}.{child.name}"] = len([name for name in names if name not in ("self", "cls")])
+                visit(child, f"{prefix}.{child.name}")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}.{child.name}")
+            else:
+                visit(child, prefix)
+
+    for path in (PACKAGE / package).rglob("*.py"):
+        visit(ast.parse(path.read_text(), str(path)), module_name(path))
+    return counts
+
+
+def test_sampling_settings_are_not_passed_one_by_one():
+    over = {name: count for package, limit in PARAMETER_LIMITS.items()
+            for name, count in parameter_counts(package).items() if count > limit}
+    assert over == {}
+    assert parameter_counts("training")["leaf_plugins.training.update.update_policy"] <= 6

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from leaf_plugins.training.step_metrics import reproducible
+
 pytestmark = pytest.mark.slow  # installs a package and runs leaf in fresh Pythons (seconds each)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,6 +32,7 @@ names (1-based), or in on_optimizer_step at the step $LEAF_TEST_FAIL_UPDATE_AT n
 import os
 
 from leaf_plugins import hookimpl
+from leaf_plugins.training.step_metrics import reproducible
 
 
 @hookimpl
@@ -79,8 +82,7 @@ def train(site: Path, cache: Path, out: Path, *overrides: str, **env: str) -> su
 
 
 def metrics(out: Path) -> list[dict]:
-    timings = ("rollout_seconds", "estimator_seconds", "update_seconds")
-    return [{k: v for k, v in json.loads(line).items() if k not in timings}
+    return [reproducible(json.loads(line))
             for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 

@@ -19,10 +19,12 @@ PROMPTS = 3
 def test_token_weights_by_hand():
     lengths = torch.tensor([2, 1])  # two of the step's rows; the step has 10 tokens in 4 responses
     totals = StepTotals(tokens=10, sequences=4)
-    for aggregation, expected in [("token_mean", [[0.1, 0.1, 0], [0.1, 0, 0]]),
-                                  ("sequence_mean", [[1 / 8, 1 / 8, 0], [1 / 4, 0, 0]]),
-                                  ("constant", [[1 / 20, 1 / 20, 0], [1 / 20, 0, 0]])]:
+    for aggregation, verl, expected in [("token_mean", "token-mean", [[0.1, 0.1, 0], [0.1, 0, 0]]),
+                                        ("sequence_mean", "seq-mean-token-mean", [[1 / 8, 1 / 8, 0], [1 / 4, 0, 0]]),
+                                        ("sequence_sum", "seq-mean-token-sum", [[1 / 4, 1 / 4, 0], [1 / 4, 0, 0]]),
+                                        ("constant", "seq-mean-token-sum-norm", [[1 / 20, 1 / 20, 0], [1 / 20, 0, 0]])]:
         torch.testing.assert_close(token_weights(lengths, 3, totals, aggregation, 5), torch.tensor(expected))
+        torch.testing.assert_close(token_weights(lengths, 3, totals, verl, 5), torch.tensor(expected))
     with pytest.raises(ValueError, match="loss_aggregation must be one of"):
         token_weights(lengths, 3, totals, "mean", 5)
 

@@ -1,5 +1,6 @@
 """Figures are drawn to be read at 800 px wide: the credit benchmark's on a grid of panels
-(never a strip wider than 3:1), and every PNG the docs show keeps that shape."""
+and ``leaf runs plot``'s a panel per metric (never a strip wider than 3:1), and every PNG
+the docs show keeps that shape."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from leaf_plugins.bench.credit.plots import plot_cosines, plot_learning, reward_family
+from leaf_plugins.training.run_curves import plot_runs
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -49,6 +51,15 @@ def test_the_credit_figures_are_800_px_wide_and_never_a_wide_strip(regimes, tmp_
         width, height = png_size(tmp_path / name)
         assert width == 800, name  # drawn at the width it is read at: no downscaling of its text
         assert width <= 3 * height, (name, width, height)
+
+
+@pytest.mark.parametrize("metrics", [1, 4], ids=["one metric", "four metrics"])
+def test_the_runs_plot_is_800_px_wide_and_never_a_wide_strip(metrics, tmp_path):
+    curves = {f"reward/part_{m}": {f"seed-{r}": (list(range(1, 31)), [0.01 * step + r for step in range(1, 31)])
+                                   for r in range(3)} for m in range(metrics)}
+    width, height = png_size(plot_runs(curves, tmp_path / "runs.png"))
+    assert width == 800  # drawn at the width it is read at
+    assert width <= 3 * height, (width, height)
 
 
 def test_every_png_in_the_docs_is_readable_at_800_px():

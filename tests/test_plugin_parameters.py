@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from leaf_plugins import hookimpl
-from leaf_plugins.core.errors import ConfigError
+from leaf_plugins import hookimpl, parameterised
+from leaf_plugins.core.errors import ConfigError, PluginLoadError
 from leaf_plugins.core.parameters import configured
 from leaf_plugins.core.plugins import PluginHost
+from leaf_plugins.core.task import Example
 from leaf_plugins.rewards import SentenceBLEU
 from leaf_plugins.studies.config import load_study
-from leaf_plugins.tasks.base import Example
 from leaf_plugins.training.config import load_train_config, task_examples
 from leaf_plugins.training.stage_plugins import resolve_plugins
 
@@ -35,7 +35,7 @@ MAX_NEW_TOKENS = 8
 SCALED = '''
 from dataclasses import dataclass, field
 
-from leaf_plugins import hookimpl
+from leaf_plugins import hookimpl, parameterised
 
 
 @dataclass(frozen=True)
@@ -48,10 +48,9 @@ class ScaledParams:
             raise ValueError(f"factor must be > 0, got {self.factor!r}")
 
 
+@parameterised(ScaledParams)
 class Scaled:
     """Scores nothing itself (declines); keeps its parameters."""
-
-    parameters = ScaledParams
 
     def __init__(self, params):
         self.params = params
@@ -72,10 +71,10 @@ class CountParams:
             raise ValueError(f"size must be >= 1, got {self.size}")
 
 
+@parameterised(CountParams)
 class CountTask:
     """A task of ``size`` silent examples, built with its parameters."""
 
-    parameters = CountParams
     reward = "exact_match"
 
     def __init__(self, params: CountParams = CountParams()) -> None:
@@ -93,10 +92,9 @@ class EchoParams:
     tag: str = "echo"
 
 
+@parameterised(EchoParams)
 class EchoBackend:
     """A backend with a parameter (never asked to sample here)."""
-
-    parameters = EchoParams
 
     def __init__(self, params: EchoParams = EchoParams()) -> None:
         self.params = params
@@ -150,6 +148,62 @@ def test_configured_builds_a_class_or_rebuilds_an_instance_with_its_validated_pa
     assert str(error.value) == ("reward 'sentence_bleu' has no parameter 'lowercas'. Did you mean 'lowercase'? Its "
                                 "parameters: lowercase, tokenize; tokenize must be one of 13a, intl, char, zh, none; "
                                 "got '13b'. Did you mean '13a'?")
+
+
+@dataclass(frozen=True)
+class BonusParams:
+    bonus: float = field(default=0.1, metadata={"help": "added to every score"})
+
+
+@parameterised(BonusParams)
+def bonus_reward(predictions: list[str], references: list[str], params: BonusParams) -> list[float]:
+    """Every prediction scores ``bonus``: a reward given as a function, with parameters."""
+    return [params.bonus] * len(predictions)
+
+
+class Counting:
+    """A registered instance that keeps its own state when built with parameters."""
+
+    parameters = BonusParams
+
+    def __init__(self, calls: int = 0, params: BonusParams = BonusParams()) -> None:
+        self.calls, self.params = calls, params
+
+    def with_parameters(self, params: BonusParams) -> "Counting":
+        return Counting(self.calls, params)
+
+
+def test_a_function_and_an_instance_declare_parameters_through_the_same_protocol():
+    scored = configured("reward", "bonus", bonus_reward, {"bonus": 0.5})
+    assert scored(["a", "b"], ["x", "y"]) == [0.5, 0.5] and scored.__name__ == "bonus_reward"
+    assert configured("reward", "bonus", bonus_reward)(["a"], ["x"]) == [0.1]  # the defaults
+    kept = configured("reward", "counting", Counting(calls=7), {"bonus": 2})
+    assert (kept.calls, kept.params.bonus) == (7, 2.0)  # its own state kept, not rebuilt from its class
+
+
+class Registers:
+    """Registers a reward that declares parameters it cannot be built with, and a good one."""
+
+    @hookimpl
+    def register_rewards(self, register):
+        class Unbuildable:
+            parameters = BonusParams
+
+            def __call__(self, predictions, references):
+                return [0.0] * len(predictions)
+
+        register("unbuildable", Unbuildable())
+        register("bonus", bonus_reward)
+
+
+def test_a_plugin_that_declares_parameters_it_cannot_be_built_with_is_refused_when_it_registers():
+    message = (r"reward 'unbuildable' from extra cannot be used: it declares `parameters = BonusParams` but no "
+               r"`with_parameters\(params\)` to build it: decorate it with @parameterised\(BonusParams\)")
+    with pytest.raises(PluginLoadError, match=message):
+        PluginHost.discover(extra_plugins=[("registers", Registers())], strict=True)
+    with pytest.warns(UserWarning, match=message):
+        host = PluginHost.discover(extra_plugins=[("registers", Registers())], strict=False)
+    assert "bonus" in host.rewards and "unbuildable" not in host.rewards  # its neighbour still registers
 
 
 # ---------------------------------------------------------------- stage plugins
@@ -271,6 +325,40 @@ def test_a_task_that_declares_parameters_is_built_with_its_options(host, tmp_pat
     assert "task.options.sise: task 'count' has no parameter 'sise'. Did you mean 'size'?" in str(error.value)
 
 
+class PlainTask:
+    """A task that declares no parameters: one silent example per split."""
+
+    reward = "exact_match"
+
+    def load(self, split: str) -> list[Example]:
+        import numpy as np
+
+        return [Example(f"{split}-0", np.zeros(160, dtype=np.float32), "Transcribe: <|audio|>", "x", 0.01)]
+
+
+class PlainRegistration:
+    @hookimpl
+    def register_tasks(self, register):
+        register("plain", PlainTask())
+
+
+def test_a_task_without_parameters_refuses_options_naming_it(tmp_path):
+    host = PluginHost.discover(extra_plugins=[("plain-task", PlainRegistration())])
+    run = write(tmp_path / "run.yaml", """
+        task:
+          name: plain
+          options: {size: 5}
+    """)
+    with pytest.raises(ConfigError) as error:
+        load_train_config(run, host=host)
+    assert f"{run}:3:13: task.options.size: task 'plain' takes no parameters" in str(error.value)
+    config = load_train_config(run, ["task.options={}"], host=host)
+    assert [example.id for example in task_examples(config.task, host=host)] == ["train-0"]
+    config.task.options = {"size": 5}
+    with pytest.raises(ConfigError, match="task 'plain' takes no parameters .* got 'size'"):
+        task_examples(config.task, host=host)
+
+
 def test_every_shipped_run_config_stays_valid():
     for path in sorted((ROOT / "configs" / "runs").glob("*.yaml")):
         load_train_config(path)
@@ -281,7 +369,7 @@ def test_every_shipped_run_config_stays_valid():
 def site(tmp_path_factory) -> Path:
     target = tmp_path_factory.mktemp("site")
     sources = tmp_path_factory.mktemp("sources")
-    for example in ("leaf-length-penalty", "leaf-runs"):  # copied: pip builds in the tree
+    for example in ("leaf-length-penalty", "leaf-checkpoints"):  # copied: pip builds in the tree
         shutil.copytree(EXAMPLES / example, sources / example, ignore=shutil.ignore_patterns("build", "*.egg-info"))
         subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--quiet",
                         "--disable-pip-version-check", "--target", str(target), str(sources / example)], check=True)
@@ -329,11 +417,12 @@ def test_the_length_penalty_parameter_reaches_the_hook(site, cache, tmp_path):
     assert penalised == pytest.approx([r - 0.25 * n / MAX_NEW_TOKENS for r, n in zip(task, lengths)], abs=1e-6)
     record = json.loads((tmp_path / "named" / "plugins.json").read_text())
     assert record[0]["plugins"][0]["params"] == {"penalty": 0.25}
-    shown = leaf(site, "runs", str(tmp_path / "named"), "--metrics", "reward_mean", "response_tokens_mean")
+    shown = leaf(site, "runs", "compare", str(tmp_path / "named"))
     assert shown.returncode == 0, shown.stderr
-    header, row = [line.split() for line in shown.stdout.splitlines()]
-    assert header == ["run", "step", "reward_mean", "response_tokens_mean", "checkpoint", "plugins"]
-    assert row[2:4] == [f"{sum(penalised) / len(penalised):.4f}", f"{sum(lengths) / len(lengths):.4f}"]
+    rows = {cells[0]: cells[1:] for cells in map(str.split, shown.stdout.splitlines()) if cells}
+    assert rows["metric"] == ["named"] and rows["step"] == ["1"]
+    assert float(rows["reward_mean"][0]) == pytest.approx(sum(penalised) / len(penalised), rel=1e-5)  # 6 digits
+    assert float(rows["response_tokens_mean"][0]) == pytest.approx(sum(lengths) / len(lengths), rel=1e-5)
 
 
 @pytest.mark.slow
@@ -360,8 +449,8 @@ def test_leaf_plugins_lists_stage_plugin_parameters_and_commands(site):
     commands = leaf(site, "plugins", "--kind", "command")
     assert commands.returncode == 0, commands.stderr
     rows = [line.split()[:3] for line in commands.stdout.splitlines()]
-    assert ["command", "runs", "leaf-runs"] in rows
-    for name in ("train", "study", "plugins", "eval"):
+    assert ["command", "checkpoints", "leaf-checkpoints"] in rows
+    for name in ("train", "study", "plugins", "eval", "runs"):
         assert ["command", name, "leaf-plugins"] in rows
     assert all(row[0] in ("kind", "command") for row in rows if row)
     rewards = leaf(site, "plugins", "--kind", "reward")

@@ -105,7 +105,7 @@ def site(tmp_path_factory) -> Path:
         (backend / relative).parent.mkdir(parents=True, exist_ok=True)
         (backend / relative).write_text(textwrap.dedent(text).lstrip())
     sources = tmp_path_factory.mktemp("sources")
-    for example in ("leaf-length-penalty", "leaf-runs", "leaf-broken-commands"):  # copied: pip builds in the tree
+    for example in ("leaf-length-penalty", "leaf-checkpoints", "leaf-broken-commands"):  # copied: pip builds in it
         shutil.copytree(EXAMPLES / example, sources / example, ignore=shutil.ignore_patterns("build", "*.egg-info"))
     for package in (*sorted(sources.iterdir()), backend):
         subprocess.run(
@@ -256,15 +256,13 @@ def test_plugins_lists_third_party_backends_and_stage_plugins(site):
 def test_a_command_plugin_adds_a_leaf_command(site, cache, tmp_path):
     out = tmp_path / "run"
     assert train(site, cache, out, "plugins=[length-penalty]").returncode == 0
-    done = leaf(site, "runs", str(out))
+    done = leaf(site, "checkpoints", str(out))
     assert done.returncode == 0, done.stderr
     header, row = [line.split() for line in done.stdout.splitlines()]
-    last = metrics(out)[-1]
-    assert header == ["run", "step", "reward_mean", "kl", "checkpoint", "plugins"]
-    assert row == [str(out), "1", f"{last['reward_mean']:.4f}", f"{last['kl']:.4f}", "checkpoint-00000001",
-                   "length-penalty==0.1.0"]
-    missing = leaf(site, "runs", str(tmp_path / "nowhere"))
-    assert missing.returncode == 2 and "no metrics.jsonl" in missing.stderr
+    assert header == ["run", "checkpoints", "newest", "plugins"]
+    assert row == [str(out), "1", "checkpoint-00000001", "length-penalty==0.1.0"]
+    missing = leaf(site, "checkpoints", str(tmp_path / "nowhere"))
+    assert missing.returncode == 2 and "no config.yaml" in missing.stderr
 
 
 def test_broken_command_plugins_leave_the_other_commands_working(site):
@@ -272,6 +270,7 @@ def test_broken_command_plugins_leave_the_other_commands_working(site):
     assert done.returncode == 0, done.stderr
     for command in ("train", "study", "eval", "plugins", "runs"):
         assert f"    {command} " in done.stdout
+    assert "\n    checkpoints" in done.stdout  # the example command plugin's
     assert "broken" not in done.stdout
     assert "skipped plugin 'broken-import'" in done.stderr  # fails to import
     assert ("skipped command 'broken' of leaf-broken-commands: add_arguments raised RuntimeError: this command is "

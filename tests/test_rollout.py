@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 
 from leaf_plugins import get_host
-from leaf_plugins.rollout.sampling import audio_token_ids, sample_responses
+from leaf_plugins.core.stages import RolloutRequest
+from leaf_plugins.rollout.assembly import audio_token_ids
+from leaf_plugins.rollout.sampling import sample_responses
 from leaf_plugins.training.teacher_forcing import response_logprobs
 
 PROMPTS = ["<|audio|> translate this", "Listen to <|audio|> and answer: who?", "<|audio|> what?"]
@@ -27,8 +31,8 @@ def setup():
 def rollout(setup):
     _, loaded, inputs = setup
     torch.manual_seed(0)
-    return sample_responses(loaded.model, loaded, inputs, group_size=6, max_new_tokens=20, temperature=1.0, top_p=0.9,
-                            group_ids=[10, 20, 30])
+    return sample_responses(RolloutRequest(loaded.model, loaded, inputs, group_size=6, max_new_tokens=20,
+                                           temperature=1.0, top_p=0.9, group_ids=[10, 20, 30]))
 
 
 def test_layout_eos_and_padding(setup, rollout):
@@ -61,10 +65,27 @@ def test_surprisal_sources(setup, rollout):
     assert bool((surprisal[real] >= 0).all())
     _, loaded, inputs = setup
     torch.manual_seed(1)
-    policy = sample_responses(loaded.model, loaded, inputs, group_size=2, max_new_tokens=8, surprisal_from="policy")
+    policy = sample_responses(RolloutRequest(loaded.model, loaded, inputs, group_size=2, max_new_tokens=8,
+                                             surprisal_from="policy"))
     assert torch.allclose(policy.batch.surprisal, -policy.batch.logprobs)
     with pytest.raises(ValueError, match="surprisal_from"):
-        sample_responses(loaded.model, loaded, inputs, group_size=2, surprisal_from="raw")
+        sample_responses(RolloutRequest(loaded.model, loaded, inputs, group_size=2, surprisal_from="raw"))
+
+
+@pytest.mark.parametrize("backend", ["static", "generate"])
+def test_a_request_computes_the_statistics_it_names(setup, backend):
+    _, loaded, inputs = setup
+    everything = RolloutRequest(loaded.model, loaded, inputs, group_size=2, max_new_tokens=4)
+    texts_only = replace(everything, fields=frozenset())
+    assert everything.computes("sum_pi_squared") and everything.computes("entropy")  # None: every statistic
+    assert not texts_only.computes("sum_pi_squared")
+    assert replace(everything, fields=frozenset({"sum_pi_squared"})).computes("sum_pi_squared")
+    torch.manual_seed(2)
+    full = sample_responses(everything, backend)
+    torch.manual_seed(2)
+    bare = sample_responses(texts_only, backend)
+    assert full.batch.sum_pi_squared is not None and bare.batch.sum_pi_squared is None
+    assert torch.equal(full.batch.tokens, bare.batch.tokens)  # the same draws either way
 
 
 def test_teacher_forcing_reproduces_the_sampled_logprobs(setup, rollout):

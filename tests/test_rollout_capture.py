@@ -18,6 +18,7 @@ from test_rollout_static import VALUE_TOLERANCE, prompt_inputs, variant, with_ad
 from transformers import TopPLogitsWarper
 
 from leaf_plugins import ConfigError
+from leaf_plugins.core.stages import RolloutRequest
 from leaf_plugins.rollout.decoding import sampling_step, static_rollout as static_module
 from leaf_plugins.rollout.decoding.cuda_graph import CHECK_TOLERANCE, cuda_capture, eager_capture
 from leaf_plugins.rollout.decoding.decode_state import DecodeState
@@ -50,7 +51,7 @@ def prepared(name: str, device: str = "cpu", dtype: torch.dtype = torch.float32,
 
 def rollout(model, loaded, inputs, seed: int, group_size: int = 2, **options):
     torch.manual_seed(seed)
-    return static_rollout(model, loaded, inputs, group_size, NEW_TOKENS, 1.0, 0.9, **options)
+    return static_rollout(RolloutRequest(model, loaded, inputs, group_size, NEW_TOKENS, 1.0, 0.9), **options)
 
 
 def assert_same_rollout(found, expected, tolerance: float) -> None:
@@ -161,6 +162,9 @@ def test_a_failed_self_check_falls_back_to_generate_once(monkeypatch, device, ho
         first = rollout(model, loaded, inputs, seed=1, group_size=4, capture=capture)
     assert calls == [1] and reason in graph_failure(model)
     assert first.batch.size == 12 and first.batch.tokens.shape[1] >= 1
+    torch.manual_seed(1)  # the seed the loop drew is the one generate draws: the fallback samples the loop's keys
+    expected = generate(RolloutRequest(model, loaded, inputs, 4, NEW_TOKENS, 1.0, 0.9))
+    assert torch.equal(first.batch.tokens, expected.batch.tokens)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # one warning per model: later rollouts go to generate silently
         rollout(model, loaded, inputs, seed=2, group_size=4, capture=capture)

@@ -24,7 +24,7 @@ from leaf_plugins.rollout.decoding import static_rollout as static_module
 from leaf_plugins.rollout.decoding.cuda_graph import eager_capture
 from leaf_plugins.rollout.decoding.family import decoder_family
 from leaf_plugins.rollout.decoding.lean_decoder import fold_bytes
-from leaf_plugins.rollout.decoding.projections import FoldedProjection, fused_linear
+from leaf_plugins.rollout.decoding.projections import fused_linear
 from leaf_plugins.rollout.decoding.static_rollout import folds_by_default, release_captures
 from leaf_plugins.rollout.prompt_embedding import embed_prompts
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 from test_rollout_static import prompt_inputs, variant, with_adapter
 
+from leaf_plugins.core.stages import RolloutRequest
 from leaf_plugins.rollout.decoding.decode_state import DecodeState
 from leaf_plugins.rollout.decoding.keyed_draw import draw, keyed_uniforms, mix64, response_keys
 from leaf_plugins.rollout.decoding.sampling_step import SamplingStep
@@ -107,15 +108,15 @@ def _compare_batch_and_alone(backend: str) -> None:
     model = with_adapter(loaded)
     inputs = prompt_inputs(loaded)
     inputs = {**inputs, "inputs_embeds": embed_prompts(model, inputs)}
-    whole = sample_responses(model, loaded, inputs, group_size=4, max_new_tokens=10, group_ids=[30, 31, 32],
-                             seed=9, backend=backend)
+    whole = sample_responses(RolloutRequest(model, loaded, inputs, group_size=4, max_new_tokens=10,
+                                            group_ids=[30, 31, 32], seed=9), backend=backend)
     for prompt in range(3):
         one = {key: value[prompt : prompt + 1] for key, value in inputs.items()}
         real = one["attention_mask"].bool().any(dim=0)
         one = {key: value[:, real] if key in ("input_ids", "attention_mask", "inputs_embeds") else value
                for key, value in one.items()}  # its own width: no left padding
-        alone = sample_responses(model, loaded, one, group_size=4, max_new_tokens=10, group_ids=[30 + prompt],
-                                 seed=9, backend=backend)
+        alone = sample_responses(RolloutRequest(model, loaded, one, group_size=4, max_new_tokens=10,
+                                                group_ids=[30 + prompt], seed=9), backend=backend)
         rows = slice(4 * prompt, 4 * prompt + 4)
         width = alone.batch.width
         assert torch.equal(alone.batch.tokens, whole.batch.tokens[rows, :width])

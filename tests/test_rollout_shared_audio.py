@@ -3,14 +3,13 @@ straightforward reference path (K copies of the audio, [N, T, V] logits kept, fu
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import pytest
 import torch
 
 from leaf_plugins import get_host
 from leaf_plugins.bench.step_reference import response_logprobs_full_vocabulary, sample_responses_k_copies
+from leaf_plugins.core.stages import RolloutRequest
 from leaf_plugins.rollout.prompt_embedding import embed_prompts
 from leaf_plugins.rollout.sampling import sample_responses
 from leaf_plugins.training.teacher_forcing import response_logprobs
@@ -35,12 +34,14 @@ def test_same_tokens_and_values_as_the_k_copies_path(setup, temperature, surpris
     """The ``generate`` backend (both paths sample through ``generate``, so the same seed
     gives the same tokens; the static loop is tested in test_rollout_static.py)."""
     loaded, inputs = setup
-    runs = []
-    for sample in (functools.partial(sample_responses, backend="generate"), sample_responses_k_copies):
-        torch.manual_seed(3)
-        runs.append(sample(loaded.model, loaded, inputs, group_size=5, max_new_tokens=12, temperature=temperature,
-                           top_p=0.9, surprisal_from=surprisal_from, group_ids=[7, 8, 9]))
-    new, old = runs
+    request = RolloutRequest(loaded.model, loaded, inputs, group_size=5, max_new_tokens=12, temperature=temperature,
+                             top_p=0.9, surprisal_from=surprisal_from, group_ids=[7, 8, 9])
+    torch.manual_seed(3)
+    new = sample_responses(request, backend="generate")
+    torch.manual_seed(3)
+    old = sample_responses_k_copies(loaded.model, loaded, inputs, group_size=5, max_new_tokens=12,
+                                    temperature=temperature, top_p=0.9, surprisal_from=surprisal_from,
+                                    group_ids=[7, 8, 9])
     assert torch.equal(new.batch.tokens, old.batch.tokens) and torch.equal(new.batch.lengths, old.batch.lengths)
     assert new.texts == old.texts and torch.equal(new.prompt_index, old.prompt_index)
     assert new.batch.vocab_size == old.batch.vocab_size
@@ -53,7 +54,8 @@ def test_sum_pi_squared_from_a_teacher_forced_forward_pass(setup):
     distribution: logits / temperature, no top-p), independently of generate."""
     loaded, inputs = setup
     torch.manual_seed(4)
-    rollout = sample_responses(loaded.model, loaded, inputs, group_size=2, max_new_tokens=6, temperature=0.8)
+    rollout = sample_responses(RolloutRequest(loaded.model, loaded, inputs, group_size=2, max_new_tokens=6,
+                                              temperature=0.8))
     batch = rollout.batch
     for row in range(batch.tokens.shape[0]):
         prompt = int(rollout.prompt_index[row])
@@ -82,7 +84,7 @@ def test_audio_is_encoded_once_per_prompt(setup):
         embeddings = embed_prompts(model, inputs)
         torch.manual_seed(0)
         shared = {**inputs, "inputs_embeds": embeddings}
-        rollout = sample_responses(model, loaded, shared, group_size=4, max_new_tokens=4)
+        rollout = sample_responses(RolloutRequest(model, loaded, shared, group_size=4, max_new_tokens=4))
         response_logprobs(model, shared, rollout.batch.tokens, rollout.batch.lengths, rollout.prompt_index)
     finally:
         handle.remove()
@@ -93,7 +95,7 @@ def test_teacher_forcing_values_and_gradients_equal_the_full_vocabulary_path(set
     loaded, inputs = setup
     model = loaded.model
     torch.manual_seed(5)
-    rollout = sample_responses(model, loaded, inputs, group_size=3, max_new_tokens=10, temperature=0.9)
+    rollout = sample_responses(RolloutRequest(model, loaded, inputs, group_size=3, max_new_tokens=10, temperature=0.9))
     batch = rollout.batch
     weights = torch.randn(batch.tokens.shape, generator=torch.Generator().manual_seed(0))
     results = []

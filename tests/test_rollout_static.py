@@ -16,12 +16,14 @@ from transformers import SuppressTokensLogitsProcessor, TemperatureLogitsWarper,
 
 from leaf_plugins import ConfigError, get_host
 from leaf_plugins.backbones.tiny import seeded_model
+from leaf_plugins.core.stages import RolloutRequest
 from leaf_plugins.rollout.decoding.family import decoder_family, unsupported_reason
 from leaf_plugins.rollout.decoding.kv_buffers import KVBuffers
 from leaf_plugins.rollout.decoding.lean_decoder import LeanDecoder
 from leaf_plugins.training.lora import attach_lora
 from leaf_plugins.rollout.prompt_embedding import embed_prompts
-from leaf_plugins.rollout.sampling import audio_token_ids, sample_responses
+from leaf_plugins.rollout.assembly import audio_token_ids
+from leaf_plugins.rollout.sampling import sample_responses
 from leaf_plugins.training.teacher_forcing import response_logprobs
 from leaf_plugins.rollout.backends import resolve_backend
 
@@ -161,8 +163,9 @@ def sampling_logprobs(logits: torch.Tensor, banned: list[int], temperature: floa
 def test_rollout_values_are_the_models_for_the_sampled_tokens(setup, temperature, top_p):
     loaded, model, inputs = setup
     torch.manual_seed(3)
-    rollout = sample_responses(model, loaded, inputs, group_size=4, max_new_tokens=12, temperature=temperature,
-                               top_p=top_p, backend="static", group_ids=[5, 6, 7])
+    rollout = sample_responses(RolloutRequest(model, loaded, inputs, group_size=4, max_new_tokens=12,
+                                              temperature=temperature, top_p=top_p, group_ids=[5, 6, 7]),
+                               backend="static")
     batch = rollout.batch
     real = batch.mask
     forced = response_logprobs(model, inputs, batch.tokens, batch.lengths, rollout.prompt_index, temperature)
@@ -178,8 +181,9 @@ def test_rollout_values_are_the_models_for_the_sampled_tokens(setup, temperature
                                atol=VALUE_TOLERANCE)
     assert batch.group_ids.tolist() == [5] * 4 + [6] * 4 + [7] * 4
     assert batch.vocab_size == logits.shape[-1]
-    policy_surprisal = sample_responses(model, loaded, inputs, group_size=2, max_new_tokens=5, backend="static",
-                                        surprisal_from="policy", temperature=temperature, top_p=top_p)
+    policy_surprisal = sample_responses(RolloutRequest(model, loaded, inputs, group_size=2, max_new_tokens=5,
+                                                       temperature=temperature, top_p=top_p, surprisal_from="policy"),
+                                        backend="static")
     assert torch.equal(policy_surprisal.batch.surprisal, -policy_surprisal.batch.logprobs)
 
 
@@ -224,8 +228,8 @@ def test_sampling_distribution_is_the_models_by_chi_square(setup):
     one = {key: value[:1] for key, value in inputs.items()}
     banned = audio_token_ids(loaded)
     torch.manual_seed(11)
-    rollout = sample_responses(model, loaded, one, group_size=rows, max_new_tokens=2, temperature=temperature,
-                               top_p=top_p, backend="static")
+    rollout = sample_responses(RolloutRequest(model, loaded, one, group_size=rows, max_new_tokens=2,
+                                              temperature=temperature, top_p=top_p), backend="static")
     tokens = rollout.batch.tokens  # [rows, <= 2]
     first_logits = model_logits(model, one, torch.zeros(1, 0, dtype=torch.long), 1)[0, 0]  # [V]
     first = sampling_logprobs(first_logits, banned, temperature, top_p).exp()  # [V]
@@ -278,7 +282,8 @@ def test_rows_ending_at_their_first_token_and_ragged_ends(setup):
     # the first prompt's rows sample EOS first: a prefill projects [P] rows, generate's [N]
     with boosted(model, eos, lambda size: slice(0, 1 if size == len(PROMPTS) else group), first_call_only=True):
         torch.manual_seed(4)
-        rollout = sample_responses(model, loaded, inputs, group_size=group, max_new_tokens=9, backend="static")
+        rollout = sample_responses(RolloutRequest(model, loaded, inputs, group_size=group, max_new_tokens=9),
+                                   backend="static")
     batch = rollout.batch
     assert batch.lengths[:group].tolist() == [1] * group and rollout.texts[:group] == [""] * group
     assert batch.tokens[:group, 0].tolist() == [eos] * group
@@ -298,7 +303,8 @@ def test_every_row_ending_at_once_gives_empty_responses(setup):
     eos = loaded.tokenizer.eos_token_id
     for backend in ("static", "generate"):
         with boosted(model, eos, lambda size: slice(None), first_call_only=True):
-            rollout = sample_responses(model, loaded, inputs, group_size=2, max_new_tokens=6, backend=backend)
+            rollout = sample_responses(RolloutRequest(model, loaded, inputs, group_size=2, max_new_tokens=6),
+                                       backend=backend)
         assert rollout.batch.width == 1 and rollout.batch.lengths.tolist() == [1] * 6
         assert rollout.texts == [""] * 6 and rollout.batch.tokens[:, 0].tolist() == [eos] * 6
 
@@ -306,7 +312,7 @@ def test_every_row_ending_at_once_gives_empty_responses(setup):
 def test_one_new_token(setup):
     loaded, model, inputs = setup
     torch.manual_seed(5)
-    rollout = sample_responses(model, loaded, inputs, group_size=3, max_new_tokens=1, backend="static")
+    rollout = sample_responses(RolloutRequest(model, loaded, inputs, group_size=3, max_new_tokens=1), backend="static")
     batch = rollout.batch
     assert batch.width == 1 and batch.lengths.tolist() == [1] * 9
     forced = response_logprobs(model, inputs, batch.tokens, batch.lengths, rollout.prompt_index)
@@ -318,7 +324,8 @@ def test_audio_tokens_are_never_sampled_even_when_most_likely(setup):
     banned = audio_token_ids(loaded)
     with boosted(model, banned[0], lambda size: slice(None), first_call_only=False):
         torch.manual_seed(6)
-        rollout = sample_responses(model, loaded, inputs, group_size=4, max_new_tokens=6, backend="static")
+        rollout = sample_responses(RolloutRequest(model, loaded, inputs, group_size=4, max_new_tokens=6),
+                                   backend="static")
     assert not set(banned) & set(rollout.batch.tokens.flatten().tolist())
     # π (the policy) keeps the audio token: it took almost all the mass, so Σπ² ≈ 1
     assert bool((rollout.batch.sum_pi_squared[rollout.batch.mask] > 0.99).all())
@@ -336,7 +343,8 @@ def test_responses_past_the_models_position_limit_behave_as_generate():
     runs = {}
     for backend in ("static", "generate"):
         torch.manual_seed(7)
-        runs[backend] = sample_responses(model, loaded, inputs, group_size=4, max_new_tokens=10, backend=backend)
+        runs[backend] = sample_responses(RolloutRequest(model, loaded, inputs, group_size=4, max_new_tokens=10),
+                                         backend=backend)
         batch = runs[backend].batch
         assert batch.width > 2  # past the limit
         forced = response_logprobs(model, inputs, batch.tokens, batch.lengths, runs[backend].prompt_index)
@@ -363,7 +371,7 @@ def test_the_backend_switch():
     # an unsupported model still rolls out, on generate
     inputs = prompt_inputs(sliding, count=1)
     with pytest.warns(UserWarning):
-        rollout = sample_responses(sliding.model, sliding, inputs, group_size=2, max_new_tokens=3)
+        rollout = sample_responses(RolloutRequest(sliding.model, sliding, inputs, group_size=2, max_new_tokens=3))
     assert rollout.batch.size == 2
 
 
@@ -375,7 +383,7 @@ def test_base_weights_stay_bit_identical_through_rollouts_and_updates(tmp_path):
     from training_cases import config, examples, host
 
     trainer = Trainer(config(tmp_path, "grpo", steps=3, checkpoint_every=10), examples(), host=host())
-    assert trainer.engine.manager.get_plugin("observer:0:DefaultStages").backend == "static"  # the default here
+    assert trainer.engine.manager.get_plugin("defaults:stages").backend == "static"  # the default here
     base = {name: value.detach().clone() for name, value in trainer.policy.named_parameters() if "lora_" not in name}
     adapter = {name: value.detach().clone() for name, value in trainer.policy.named_parameters() if "lora_B" in name}
     metrics = trainer.run()

@@ -86,6 +86,25 @@ def test_every_example_study_validates(path, capsys):
     assert "OK" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # a warm start and two short runs on the built-in task (about 40 s on 2 cores)
+def test_the_dapo_study_runs_end_to_end_on_the_built_in_task(tmp_path, capsys):
+    """configs/studies/dapo-grpo-vs-leaf.yaml as shipped (its base includes the DAPO
+    recipe), made small by overrides: warm start, both estimators, evaluation, table."""
+    small = f"{{size: 12, validation_size: 4, test_size: 2, cache_dir: {tmp_path / 'cache'}}}"
+    assert main(["study", str(STUDIES / "dapo-grpo-vs-leaf.yaml"), f"output_dir={tmp_path / 'study'}",
+                 f"warm_start.output_dir={tmp_path / 'warm'}", "warm_start.epochs=1",
+                 f"warm_start.task.options={small}", f"base.task.options={small}", "base.steps=2",
+                 "base.checkpoint_every=2", "base.rollout.max_new_tokens=8", "base.rollout.prompts_per_step=2",
+                 "seeds=[0]", "evaluation.max_new_tokens=8"]) == 0
+    table = (tmp_path / "study" / "results.md").read_text()
+    assert "| estimator=grpo | 1 |" in table and "| estimator=leaf | 1 |" in table
+    resolved = (tmp_path / "study" / "runs" / "estimator=leaf" / "seed-0" / "config.yaml").read_text()
+    assert "clip_epsilon_high: 0.28" in resolved and "dynamic_sampling: true" in resolved  # from the recipe
+    metrics = [json.loads(line) for line in
+               (tmp_path / "study" / "runs" / "estimator=leaf" / "seed-0" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2] and all("sampling_rounds" in m for m in metrics)
+
+
 def test_variations_times_grid_times_seeds(tmp_path):
     path = tmp_path / "study.yaml"
     path.write_text("""\
@@ -165,13 +184,13 @@ evaluation: {{split: validation, max_new_tokens: 8, metrics: [bleu, length]}}
 
 def test_a_study_interrupted_in_the_middle_resumes_to_the_same_table(tmp_path):
     straight = load_study(tiny_study(tmp_path, "straight"))
-    table = run_study(straight).read_text()
+    table = run_study(straight)[0].read_text()
     interrupted = load_study(tiny_study(tmp_path, "interrupted"))
     with pytest.raises(KeyboardInterrupt):
         run_study(interrupted, plugins=[InterruptAtCall(3 + 3 + 2)])  # in the third run, after its step 2
     finished = sorted(p.parent.name + "/" + p.parent.parent.name for p in (tmp_path / "interrupted").rglob("evaluation.json"))
     assert len(finished) == 1 + 2  # the starting model and two runs
-    resumed = run_study(interrupted).read_text()
+    resumed = run_study(interrupted)[0].read_text()
     assert resumed.replace("interrupted", "straight") == table
     assert sum(line.startswith("| estimator=") for line in table.splitlines()) == 2 + 1  # and leaf vs grpo
     assert "items only: 2 seeds too few for a seed-level interval" in table  # not a CI over two seeds
@@ -241,7 +260,7 @@ def test_a_variations_own_estimator_parameters_are_checked_where_given(tmp_path)
     assert errors == [
         f"{path}:8:{lines[7].index('estimator.params.fork_budget') + 1}: variation 'grpo with B': "
         f"estimator.params.fork_budget: estimator 'grpo' has no parameter 'fork_budget' (a parameter of collision, "
-        f"leaf, tree_otb, tree_rloo). Its parameters: eps, std_floor",
+        f"leaf, tree_otb, tree_rloo). Its parameters: eps, scale_rewards, std_floor",
         f"{path}:9:{lines[8].index('estimator.params.min_group') + 1}: variation 'leaf': estimator.params.min_group: "
         f"min_group must be an integer >= 2 (singletons are never nodes), got 1",
     ]
@@ -295,10 +314,12 @@ def test_held_out_predictions_are_sampled_by_the_runs_rollout_backend(tmp_path, 
     evaluation's rollouts (those sampled for no training step) go to ``generate``, and its
     starting model's predictions are those of ``sample_predictions`` with the same backend
     and seed (the same as the static loop's: both draw the same keyed tokens)."""
+    from dataclasses import replace
+
     from leaf_plugins.evaluation.predictions import read_predictions
     from leaf_plugins.rollout import backends as rollout_backend
     from leaf_plugins.evaluation.sampling import load_policy, sample_predictions
-    from leaf_plugins.studies.evaluate import BASELINE, PREDICTIONS
+    from leaf_plugins.studies.evaluate import BASELINE, PREDICTIONS, held_out_sampling
     from leaf_plugins.training.config import task_examples
 
     evaluated = []
@@ -314,9 +335,9 @@ def test_held_out_predictions_are_sampled_by_the_runs_rollout_backend(tmp_path, 
     settings = study.config.evaluation
     held_out = task_examples(config.task, settings.split)
     policy = load_policy(config.backbone)
-    sampled = {backend: sample_predictions(policy, held_out, 1, settings.temperature, settings.top_p,
-                                           settings.max_new_tokens, settings.batch_prompts, settings.seed,
-                                           backend)[0] for backend in ("generate", "static")}
+    sampled = {backend: sample_predictions(policy, held_out,
+                                           held_out_sampling(settings, replace(config.rollout, backend=backend)))[0]
+               for backend in ("generate", "static")}
     assert written == sampled["generate"] == sampled["static"]
 
 

@@ -16,11 +16,14 @@ from sacrebleu.metrics import BLEU
 
 from leaf_plugins.cli import main
 from leaf_plugins.core.errors import ConfigError
-from leaf_plugins.studies.config import load_study
-from leaf_plugins.studies.evaluate import judge_runs, task_kind
+from leaf_plugins.evaluation.grading import PROTOCOLS
+from leaf_plugins.evaluation.judge_model import JudgeDecoding
+from leaf_plugins.studies.config import JudgeSettings, load_study
+from leaf_plugins.studies.evaluate import judge_decoding, judge_runs, task_kind
 from leaf_plugins.studies.results import write_results
 from leaf_plugins.studies.runner import _claim, run_study
 from leaf_plugins.studies.statistics import hierarchical_bootstrap, interquartile_mean, mean_statistic
+from written_files import run_naming_every_file_written
 
 REFERENCES = ["the cat sat on the mat", "my sister lives in berlin", "the weather is cold today",
               "one two three four", "green blue yellow", "the answer is in the passage"]
@@ -103,6 +106,15 @@ def test_two_seeds_give_paired_differences_over_items_only_and_say_why(tmp_path,
     assert (tmp_path / "out" / "learning_curves.png").stat().st_size > 0
 
 
+def test_the_written_line_names_every_file_the_study_wrote(tmp_path, capsys):
+    path = finished_study(tmp_path, [0])
+    output = tmp_path / "out"
+    printed = run_naming_every_file_written(["study", str(path), "--table"], output, capsys)
+    assert "results_runs.csv" in printed and "learning_curves.png" in printed
+    printed = run_naming_every_file_written(["study", str(path)], output, capsys)  # every run finished: no training
+    assert "results_runs.csv" in printed and "study.resolved.yaml" in printed
+
+
 def test_one_seed_is_named_in_the_singular(tmp_path):
     path = finished_study(tmp_path, [0])
     assert main(["study", str(path), "--table"]) == 0
@@ -114,7 +126,7 @@ def test_one_seed_is_named_in_the_singular(tmp_path):
 def test_five_seeds_give_seed_level_intervals_and_the_iqm(tmp_path):
     seeds = [0, 1, 2, 3, 4]
     study = load_study(finished_study(tmp_path, seeds))
-    table = write_results(study).read_text()
+    table = write_results(study)[0].read_text()
     assert "Mean over seeds [percentile bootstrap 95% CI over seeds]." in table
     assert "| seeds and items |" in table and "items only" not in table
     with (tmp_path / "out" / "results.csv").open() as handle:
@@ -179,6 +191,9 @@ evaluation:
         assert line in message, (line, message)
     assert (task_kind("auto", "covost2-en-de"), task_kind("auto", "spoken-qa"), task_kind("qa", "covost2-en-de")) == (
         "translation", "qa", "qa")
+    settings = JudgeSettings(model="some/judge", max_new_tokens=4, batch_size=2, seed=3, chat_template=False)
+    assert judge_decoding(settings, PROTOCOLS["da"].decoding) == JudgeDecoding(  # None keeps the protocol's
+        samples=5, temperature=0.7, max_new_tokens=4, batch_size=2, seed=3, chat_template=False)
 
 
 def test_compare_to_a_grid_setting_pairs_each_variation_with_its_own_baseline(tmp_path):
@@ -204,7 +219,7 @@ def test_judges_score_finished_runs_once_and_enter_the_table(tmp_path):
     _tiny_judge(judge)
     path = finished_study(tmp_path, [0])  # finished without judges
     study = load_study(path, [f"evaluation.judges.likert.model={judge}", "evaluation.judges.likert.max_new_tokens=4"])
-    table = run_study(study).read_text()  # judges added later: they score the finished runs, nothing retrains
+    table = run_study(study)[0].read_text()  # judges added later: they score the finished runs, nothing retrains
     files = [run.directory / "likert_items.csv" for run in study.runs]
     assert all(path.exists() for path in files)
     assert all(not (run.directory / "da_outputs.jsonl").exists() for run in study.runs)  # DA has no model: off
@@ -221,7 +236,7 @@ def test_studies_trained_on_exact_match_report_its_paired_held_out_difference(tm
     (tmp_path / "exact").mkdir()
     (tmp_path / "bleu").mkdir()
     study = load_study(finished_study(tmp_path / "exact", [0, 1, 2, 3, 4], reward="exact_match"))
-    table = write_results(study).read_text()
+    table = write_results(study)[0].read_text()
     header = next(line for line in table.splitlines() if line.startswith("| variation | baseline"))
     assert "Δexact match (%)" in header
     row = next(line for line in table.splitlines() if line.startswith("| estimator=leaf | estimator=grpo"))
@@ -233,5 +248,5 @@ def test_studies_trained_on_exact_match_report_its_paired_held_out_difference(tm
     expected = statistics.mean(matches("leaf", seed) - matches("grpo", seed) for seed in range(5))
     assert expected != 0  # the fixture's variations differ in exact matches
     assert row.split(" | ")[column].startswith(f"{expected:+.2f} [")
-    other = write_results(load_study(finished_study(tmp_path / "bleu", [0, 1]))).read_text()
+    other = write_results(load_study(finished_study(tmp_path / "bleu", [0, 1])))[0].read_text()
     assert "exact match" not in other

@@ -8,12 +8,10 @@ import json
 import numpy as np
 import pytest
 
-from leaf_plugins import ConfigError, get_host
+from leaf_plugins import ConfigError
 from leaf_plugins.tasks.errors import DataError
 from leaf_plugins.tasks.prompts import COVOST2_TEMPLATES, LIBRISQA_TEMPLATES, LONGAUDIO_TEMPLATES
-from tasks_fixtures import hashed, peak_frequency, write_audio
-
-task = get_host().tasks.get
+from tasks_fixtures import built, hashed, load, peak_frequency, write_audio
 
 
 # ---------------------------------------------------------------- LibriSQA
@@ -41,7 +39,7 @@ def librisqa(tmp_path_factory):
 
 
 def test_librisqa_splits_templates_and_audio(librisqa):
-    splits = {s: task("librisqa").load(s, **librisqa) for s in ("train", "validation", "test")}
+    splits = {s: load("librisqa", s, **librisqa) for s in ("train", "validation", "test")}
     held_out = {utterance(i) for i in range(40) if hashed("split:" + utterance(i)) < 0.2}
     assert 0 < len(held_out) < 40
     assert {e.id for e in splits["validation"].records} == held_out
@@ -58,8 +56,8 @@ def test_librisqa_splits_templates_and_audio(librisqa):
 
 
 def test_librisqa_validation_fraction_option(librisqa):
-    none = task("librisqa").load("validation", validation_fraction=0.0, **librisqa)
-    assert len(none) == 0 and len(task("librisqa").load("train", validation_fraction="0", **librisqa)) == 40
+    none = load("librisqa", "validation", validation_fraction=0.0, **librisqa)
+    assert len(none) == 0 and len(load("librisqa", "train", validation_fraction=0, **librisqa)) == 40
 
 
 def test_librisqa_missing_flac_names_file_row_and_key(librisqa, tmp_path):
@@ -70,28 +68,33 @@ def test_librisqa_missing_flac_names_file_row_and_key(librisqa, tmp_path):
     (meta / "LibriSQA-PartI-test.json").write_text(json.dumps([good, missing]))
     with pytest.raises(DataError, match=r"LibriSQA-PartI-test.json row 1 \(id 9-9-9\): key 'speech_path': "
                                         r"audio file 'test-clean/9/9/9-9-9.flac' not found"):
-        task("librisqa").load("test", librisqa_dir=str(meta), librispeech_dir=librisqa["librispeech_dir"])
+        load("librisqa", "test", librisqa_dir=str(meta), librispeech_dir=librisqa["librispeech_dir"])
     (meta / "LibriSQA-PartI-test.json").write_text(json.dumps([good, {"speech_path": "a.flac", "answer": "A"}]))
     with pytest.raises(DataError, match=r"row 1: missing key 'question'"):
-        task("librisqa").load("test", librisqa_dir=str(meta), librispeech_dir=librisqa["librispeech_dir"])
+        load("librisqa", "test", librisqa_dir=str(meta), librispeech_dir=librisqa["librispeech_dir"])
     (meta / "LibriSQA-PartI-test.json").write_text('[{"speech_path": "a.flac",\n "question": }]')
     with pytest.raises(DataError, match=r"LibriSQA-PartI-test.json:2:\d+: invalid JSON"):
-        task("librisqa").load("test", librisqa_dir=str(meta), librispeech_dir=librisqa["librispeech_dir"])
+        load("librisqa", "test", librisqa_dir=str(meta), librispeech_dir=librisqa["librispeech_dir"])
 
 
 def test_options_are_checked():
     with pytest.raises(ConfigError, match="no data source given"):
-        task("librisqa").load("test")
-    with pytest.raises(ConfigError, match="unknown option 'librispeech'. Did you mean 'librispeech_dir'"):
-        task("librisqa").load("test", librispeech="x", librisqa_dir="y")
+        load("librisqa", "test")
+    with pytest.raises(ConfigError, match="task 'librisqa' has no parameter 'librispeech'. Did you mean "
+                                          "'librispeech_dir'"):
+        load("librisqa", "test", librispeech="x", librisqa_dir="y")
     with pytest.raises(ConfigError, match="missing option.*librispeech_dir"):
-        task("librisqa").load("test", librisqa_dir="y")
+        load("librisqa", "test", librisqa_dir="y")
     with pytest.raises(ConfigError, match="give one data source, not prepared and local files"):
-        task("librisqa").load("test", prepared="x", librisqa_dir="y", librispeech_dir="z")
+        load("librisqa", "test", prepared="x", librisqa_dir="y", librispeech_dir="z")
     with pytest.raises(ConfigError, match="validation_fraction must be in"):
-        task("librisqa").load("test", validation_fraction=1.5, librisqa_dir="y", librispeech_dir="z")
+        load("librisqa", "test", validation_fraction=1.5, librisqa_dir="y", librispeech_dir="z")
+    with pytest.raises(ConfigError, match=r"validation_fraction \+ test_fraction must be below 1"):
+        load("dailytalk", "test", validation_fraction=0.5, test_fraction=0.5, json="x.json", audio_dir="z")
+    with pytest.raises(ConfigError, match="librisqa_dir must be a string or null, got 3"):
+        load("librisqa", "test", librisqa_dir=3, librispeech_dir="z")
     with pytest.raises(ConfigError, match="no split 'dev'"):
-        task("covost2-en-de").load("dev")
+        load("covost2-en-de", "dev")
 
 
 # ---------------------------------------------------------------- CoVoST2
@@ -114,10 +117,10 @@ def covost(tmp_path_factory):
 def test_covost_release_tsv_splits_and_resampling(covost):
     root, clips = covost
     options = dict(covost_dir=str(root), clips_dir=str(clips))
-    train = task("covost2-en-de").load("train", **options)
+    train = load("covost2-en-de", "train", **options)
     assert [r.id for r in train.records] == ["common_voice_en_0", "common_voice_en_1", "common_voice_en_5"]
-    assert [r.id for r in task("covost2-en-de").load("validation", **options).records] == ["common_voice_en_2"]
-    assert len(task("covost2-en-de").load("test", **options)) == 2
+    assert [r.id for r in load("covost2-en-de", "validation", **options).records] == ["common_voice_en_2"]
+    assert len(load("covost2-en-de", "test", **options)) == 2
     mp3, stereo = train[0], train[1]
     assert mp3.reference == "Hallo Nummer 0."
     assert mp3.prompt == COVOST2_TEMPLATES[int(hashed("common_voice_en_0") * 3)]
@@ -130,7 +133,7 @@ def test_covost_per_split_tsvs_win(covost, tmp_path):
     _, clips = covost
     (tmp_path / "covost_v2.en_de.dev.tsv").write_text("path\tsentence\ttranslation\tclient_id\n"
                                                       "common_voice_en_3.wav\tHi.\tHallo.\tc\n")
-    loaded = task("covost2-en-de").load("validation", covost_dir=str(tmp_path), clips_dir=str(clips))
+    loaded = load("covost2-en-de", "validation", covost_dir=str(tmp_path), clips_dir=str(clips))
     assert [(r.id, r.reference) for r in loaded.records] == [("common_voice_en_3", "Hallo.")]
 
 
@@ -140,13 +143,13 @@ def test_covost_errors_name_line_and_column(covost, tmp_path):
     (tmp_path / "covost_v2.en_de.tsv").write_text(RELEASE_HEADER + "common_voice_en_0.mp3\tHi.\tHallo.\tc\ttrain\n"
                                                   "common_voice_en_1.wav\tHi.\tHallo.\ttrain\n")
     with pytest.raises(DataError, match=r"covost_v2.en_de.tsv:3: expected 5 tab-separated fields .* found 4"):
-        task("covost2-en-de").load("train", **options)
+        load("covost2-en-de", "train", **options)
     (tmp_path / "covost_v2.en_de.tsv").write_text("path\tsentence\tsplit\nx.mp3\tHi.\ttrain\n")
     with pytest.raises(DataError, match=r"covost_v2.en_de.tsv:1: missing column\(s\) 'translation'"):
-        task("covost2-en-de").load("train", **options)
+        load("covost2-en-de", "train", **options)
     (tmp_path / "covost_v2.en_de.tsv").write_text(RELEASE_HEADER + "gone.mp3\tHi.\tHallo.\tc\ttrain\n")
     with pytest.raises(DataError, match=r"covost_v2.en_de.tsv:2: key 'path': audio file 'gone.mp3' not found"):
-        task("covost2-en-de").load("train", **options)
+        load("covost2-en-de", "train", **options)
 
 
 # ---------------------------------------------------------------- LongAudio / DailyTalk
@@ -180,7 +183,8 @@ def split_of(key: str) -> str:
 
 
 def test_longaudio_filters_counts_splits_and_prompts(dailytalk):
-    loaded = {s: task("dailytalk").load(s, **dailytalk) for s in ("train", "validation", "test")}
+    dailytalk_task = built("dailytalk", **dailytalk)
+    loaded = {s: dailytalk_task.load(s) for s in ("train", "validation", "test")}
     expected_ids, expected_filtered = {s: set() for s in loaded}, {s: {} for s in loaded}
     for i in range(30):
         split = split_of(f"DailyTalk/audio/d{i}/{i}.wav")
@@ -193,7 +197,7 @@ def test_longaudio_filters_counts_splits_and_prompts(dailytalk):
         assert {r.id for r in examples.records} == expected_ids[split]
         assert examples.filtered == expected_filtered[split]
     assert sum(e.filtered_total for e in loaded.values()) == 9
-    assert task("dailytalk").last_filtered == expected_filtered["test"]
+    assert dailytalk_task.last_filtered == expected_filtered["test"]
     records = {r.id: r for e in loaded.values() for r in e.records}
     assert records["dt_0"].prompt == "<|audio|>\nWhat is topic 0?"  # inherited layout
     assert records["dt_5"].prompt == "What is topic 5?\n<|audio|>"
@@ -209,23 +213,25 @@ def test_longaudio_accepts_several_files_and_reports_bad_rows(dailytalk, tmp_pat
                                             "conversations": conversation("Who speaks?", "A member.")})
                                 for i in range(10)))  # JSON lines
     options = dict(json=f"{dailytalk['json']},{second}", audio_dir=dailytalk["audio_dir"])
-    ids = {r.id for s in ("train", "validation", "test") for r in task("longaudio").load(s, **options).records}
+    ids = {r.id for s in ("train", "validation", "test") for r in load("longaudio", s, **options).records}
     assert {f"vp_{i}" for i in range(10)} <= ids and "dt_0" in ids
+    listed = dict(options, json=[dailytalk["json"], str(second)])  # a list, as YAML gives one
+    assert ids == {r.id for s in ("train", "validation", "test") for r in load("longaudio", s, **listed).records}
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps([{"id": "x", "sound": "audio/d0/0.wav",
                                 "conversations": [{"from": "gpt", "value": "A"}, {"from": "human", "value": "Q"}]}]))
     with pytest.raises(DataError, match=r"bad.json row 0 \(id x\): key 'conversations'\[0\] should be a 'human' turn"):
-        task("dailytalk").load("train", json=str(bad), audio_dir=dailytalk["audio_dir"])
+        load("dailytalk", "train", json=str(bad), audio_dir=dailytalk["audio_dir"])
     bad.write_text(json.dumps([{"id": "y", "sound": "nowhere/0.wav", "conversations": conversation("Q?", "A")}]))
     with pytest.raises(DataError, match=r"bad.json row 0 \(id y\): key 'sound': audio file 'nowhere/0.wav' not found"):
         for split in ("train", "validation", "test"):
-            task("dailytalk").load(split, json=str(bad), audio_dir=dailytalk["audio_dir"])
+            load("dailytalk", split, json=str(bad), audio_dir=dailytalk["audio_dir"])
 
 
 def test_unreadable_audio_names_the_row(tmp_path):
     (tmp_path / "a.wav").write_bytes(b"not audio at all")
     (tmp_path / "d.json").write_text(json.dumps([{"id": "z", "sound": "a.wav", "conversations": conversation("Q?", "A")}]))
-    loaded = [task("dailytalk").load(s, json=str(tmp_path / "d.json"), audio_dir=str(tmp_path), max_duration=None)
+    loaded = [load("dailytalk", s, json=str(tmp_path / "d.json"), audio_dir=str(tmp_path), max_duration=None)
               for s in ("train", "validation", "test")]
     examples = next(e for e in loaded if len(e))
     with pytest.raises(DataError, match=r"d.json row 0: cannot read .*a.wav"):
@@ -238,7 +244,7 @@ def test_show_command_prints_filtered_counts(dailytalk, capsys):
     assert main(["tasks", "show", "dailytalk", f"json={dailytalk['json']}", f"audio_dir={dailytalk['audio_dir']}",
                  "--split", "train", "--limit", "1"]) == 0
     out = capsys.readouterr().out
-    expected = task("dailytalk").load("train", **dailytalk)
+    expected = load("dailytalk", "train", **dailytalk)
     assert f"dailytalk/train: {len(expected)} examples from {dailytalk['json']}" in out
     assert f"filtered rows: {expected.filtered_total} (" in out and "multiple choice: " in out
     assert f"[{expected.records[0].id}] 0.50 s" in out

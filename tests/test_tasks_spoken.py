@@ -9,9 +9,10 @@ import re
 import numpy as np
 import pytest
 
-from leaf_plugins import ConfigError, get_host
+from leaf_plugins import ConfigError
 from leaf_plugins.cli import main
 from leaf_plugins.tasks.synthetic_speech import cache_root, qa_items, translation_items
+from tasks_fixtures import built as built_task, load
 
 SMALL = dict(size=12, validation_size=3, test_size=3)
 
@@ -19,8 +20,8 @@ SMALL = dict(size=12, validation_size=3, test_size=3)
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("tasks")
-    task = get_host().tasks.get("spoken-translation")
-    return root, task, {split: task.load(split, cache_dir=str(root), **SMALL) for split in ("train", "validation", "test")}
+    task = built_task("spoken-translation", cache_dir=str(root), **SMALL)
+    return root, task, {split: task.load(split) for split in ("train", "validation", "test")}
 
 
 def test_splits_sizes_audio_and_prompts(built):
@@ -38,7 +39,7 @@ def test_splits_sizes_audio_and_prompts(built):
 
 def test_building_is_deterministic_and_cached(built, tmp_path):
     root, task, splits = built
-    again = task.load("train", cache_dir=str(tmp_path), **SMALL)  # built again from scratch elsewhere
+    again = load("spoken-translation", "train", cache_dir=str(tmp_path), **SMALL)  # built again from scratch elsewhere
     assert [(e.id, e.prompt, e.reference) for e in again] == [(e.id, e.prompt, e.reference) for e in splits["train"]]
 
     def digest(examples):
@@ -47,9 +48,9 @@ def test_building_is_deterministic_and_cached(built, tmp_path):
     assert digest(again) == digest(splits["train"])
     audio = next(root.glob("spoken-translation-*/audio/train-00000.wav"))
     stamp = audio.stat().st_mtime_ns
-    task.load("train", cache_dir=str(root), **SMALL)
+    task.load("train")
     assert audio.stat().st_mtime_ns == stamp  # read from the cache, not rebuilt
-    other_seed = task.load("train", cache_dir=str(tmp_path), seed=1, **SMALL)
+    other_seed = load("spoken-translation", "train", cache_dir=str(tmp_path), seed=1, **SMALL)
     assert [e.reference for e in other_seed] != [e.reference for e in splits["train"]]
 
 
@@ -105,9 +106,12 @@ def test_unknown_split_is_named(built):
 
 
 def test_sizes_are_checked_and_cache_dir_follows_the_environment(monkeypatch, tmp_path):
-    task = get_host().tasks.get("spoken-qa")
     with pytest.raises(ConfigError, match=r"validation_size \(8\) \+ test_size \(8\) must not exceed size \(10\)"):
-        task.load("train", size=10, validation_size=8, test_size=8, cache_dir=str(tmp_path))
+        load("spoken-qa", "train", size=10, validation_size=8, test_size=8, cache_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match="test_size must not be negative, got -1"):
+        load("spoken-qa", "train", test_size=-1, cache_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match="size must be an integer, got 'ten'"):
+        load("spoken-qa", "train", size="ten", cache_dir=str(tmp_path))
     monkeypatch.setenv("LEAF_CACHE_DIR", str(tmp_path / "cache"))
     assert cache_root() == tmp_path / "cache" / "tasks"
 
@@ -115,7 +119,7 @@ def test_sizes_are_checked_and_cache_dir_follows_the_environment(monkeypatch, tm
 def test_missing_espeak_says_how_to_install(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))  # no espeak-ng on this PATH
     with pytest.raises(ConfigError, match=re.escape("run 'apt-get install -y espeak-ng'")):
-        get_host().tasks.get("spoken-qa").load("train", size=4, cache_dir=str(tmp_path))
+        load("spoken-qa", "train", size=4, cache_dir=str(tmp_path))
 
 
 def test_command_builds_and_shows(tmp_path, capsys):
@@ -130,3 +134,7 @@ def test_command_builds_and_shows(tmp_path, capsys):
     assert "spoken-qa/train: 6 examples" in out and "filtered rows: 0" in out and out.count("prompt:") == 2
     assert main(["tasks", "show", "librisqa", "librispeech=/x"]) == 2
     assert "Did you mean 'librispeech_dir'" in capsys.readouterr().err
+    assert main(["tasks", "show", "spoken-qa", "size=eight"]) == 2
+    assert "size must be an integer, got 'eight'" in capsys.readouterr().err
+    assert main(["tasks", "show", "spoken-qa", "size"]) == 2
+    assert "task parameters are key=value pairs, got 'size'" in capsys.readouterr().err

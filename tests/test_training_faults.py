@@ -18,7 +18,6 @@ step's first prompt with one token:
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -30,6 +29,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+
+from leaf_plugins.training.step_metrics import reproducible
 
 from test_training_world_size import assert_same_training, free_port, read_metrics
 
@@ -88,7 +89,7 @@ def assert_same_adapter(found: Path, expected: Path) -> None:
 
 
 def untimed(output: Path) -> list[dict]:
-    return [{key: value for key, value in row.items() if not key.endswith("_seconds")}
+    return [reproducible(row)
             for row in read_metrics(output / "metrics.jsonl")]
 
 

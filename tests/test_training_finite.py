@@ -27,10 +27,17 @@ def nan_on_poison(predictions: list[str], references: list[str]) -> list[float]:
     return [math.nan if reference == POISON else score for score, reference in zip(scores, references)]
 
 
+def flat_on_poison(predictions: list[str], references: list[str]) -> list[float]:
+    """0 for every response to a poisoned example (an uninformative group), else the vowel share."""
+    scores = vowel_share(predictions, references)
+    return [0.0 if reference == POISON else score for score, reference in zip(scores, references)]
+
+
 class PoisonReward:
     @hookimpl
     def register_rewards(self, register):
         register("nan_on_poison", nan_on_poison)
+        register("flat_on_poison", flat_on_poison)
 
 
 def poisoned_host() -> PluginHost:
@@ -89,8 +96,10 @@ class BreakLossAt:
 
 @pytest.mark.parametrize("kind", ["loss", "gradient"])
 def test_a_non_finite_loss_or_gradient_is_never_stepped_and_the_last_checkpoint_is_intact(tmp_path, kind):
-    settings = config(tmp_path, steps=3, checkpoint_every=2)
-    trainer = Trainer(settings, examples(), plugins=[BreakLossAt(3, kind)], host=host())
+    settings = dataclasses.replace(config(tmp_path, steps=3, checkpoint_every=2), plugins=["break-loss"])
+    installed = PluginHost.discover(extra_plugins=[("test-rewards", TestRewards()), ("break-loss", BreakLossAt(3, kind))],
+                                    strict=True)
+    trainer = Trainer(settings, examples(), host=installed)
     with pytest.raises(NonFiniteError) as error:
         trainer.run()
     message = str(error.value)

@@ -1,8 +1,9 @@
-"""Plugins replace training stages through the hooks (passed in code, or named in the run
-config's ``plugins``); bad prompts are named."""
+"""Plugins named in the run config's ``plugins`` replace training stages through the
+hooks; objects passed in code only observe; bad prompts are named."""
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import replace
 
@@ -11,7 +12,7 @@ import torch
 
 from leaf_plugins import ConfigError, hookimpl
 from leaf_plugins.core.plugins import PluginHost
-from leaf_plugins.training.loss import policy_loss
+from leaf_plugins.training.loss import LossSettings, policy_loss
 from leaf_plugins.training.stage_plugins import PluginStageError, resolve_plugin
 from leaf_plugins.training.trainer import Trainer
 from training_cases import TestRewards, config, examples, host
@@ -30,16 +31,50 @@ class ConstantScores:
     @hookimpl
     def compute_loss(self, context, logprobs, old_logprobs, reference_logprobs, advantages, mask):
         self.losses += 1
-        return policy_loss(logprobs, old_logprobs, reference_logprobs, advantages, mask, 0.1, 0.0)
+        return policy_loss(logprobs, old_logprobs, reference_logprobs, advantages, mask,
+                           LossSettings(clip_epsilon=0.1, kl_coefficient=0.0))
 
 
 def test_plugins_replace_scoring_and_loss(tmp_path):
     plugin = ConstantScores()
-    trainer = Trainer(config(tmp_path, "leaf", steps=2), examples(), plugins=[plugin], host=host())
+    installed = PluginHost.discover(extra_plugins=[("test-rewards", TestRewards()), ("constant", plugin)], strict=True)
+    trainer = Trainer(replace(config(tmp_path, "leaf", steps=2), plugins=["constant"]), examples(), host=installed)
     metrics = trainer.run()
     assert [m["reward_mean"] for m in metrics] == [0.25, 0.25]
     assert all(m["advantage_abs_mean"] == 0 for m in metrics)  # equal rewards: no credit anywhere
     assert plugin.losses == 4  # 2 steps × (4 prompts / micro-batches of 2)
+
+
+class Probe:
+    """Passed in code: it observes each step, and would change the run if it were named."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+        self.started = False
+
+    @hookimpl
+    def on_step_end(self, step, metrics):
+        self.steps.append(step)
+
+    @hookimpl
+    def on_run_start(self, model, optimizer, config, output_dir):
+        self.started = True
+
+    @hookimpl
+    def score_rollouts(self, context, rollout):
+        return torch.zeros(rollout.batch.size)
+
+
+def test_a_plugin_passed_in_code_observes_and_changes_nothing(tmp_path):
+    probe = Probe()
+    with pytest.warns(UserWarning, match=r"Probe observes the run \(it was passed in code, not named in the run "
+                                         r"config's plugins:\): it receives on_step_end and on_estimate alone, and "
+                                         r"its on_run_start, score_rollouts are not called"):
+        trainer = Trainer(config(tmp_path, "leaf", steps=2), examples(), plugins=[probe], host=host())
+    metrics = trainer.run()
+    assert probe.steps == [1, 2] and not probe.started
+    assert any(m["reward_mean"] != 0 for m in metrics)  # the run's own reward, not the probe's zeros
+    assert json.loads((tmp_path / "plugins.json").read_text()) == [{"from_step": 0, "plugins": []}]
 
 
 def test_too_long_prompts_are_named(tmp_path):
@@ -156,19 +191,21 @@ class RecordingRollout:
 
     @hookimpl
     def rollout(self, context):
+        from leaf_plugins.core.stages import RolloutRequest
         from leaf_plugins.rollout.sampling import sample_responses
 
         settings = context.config.rollout
         self.asked.append((context.step, len(context.examples), settings.group_size, settings.temperature,
                            settings.top_p, settings.max_new_tokens))
-        rollout = sample_responses(context.model, context.loaded, context.inputs, settings.group_size,
-                                   settings.max_new_tokens, settings.temperature, settings.top_p, backend="generate")
+        rollout = sample_responses(RolloutRequest(context.model, context.loaded, context.inputs, settings.group_size,
+                                                  settings.max_new_tokens, settings.temperature, settings.top_p),
+                                   backend="generate")
         self.texts.extend(rollout.texts)
         return rollout
 
 
 def test_held_out_sampling_goes_through_a_named_rollout_plugin(tmp_path):
-    from leaf_plugins.evaluation.sampling import load_policy, sample_predictions
+    from leaf_plugins.evaluation.sampling import Sampling, load_policy, sample_predictions
     from leaf_plugins.training.stage_plugins import rollout_stage
 
     recorder = RecordingRollout()
@@ -176,8 +213,8 @@ def test_held_out_sampling_goes_through_a_named_rollout_plugin(tmp_path):
                                     strict=True)
     cfg = replace(config(tmp_path, "grpo"), plugins=["recording"])
     policy = load_policy(cfg.backbone, None, installed)
-    runs = sample_predictions(policy, examples(3), runs=2, temperature=0.7, top_p=0.8, max_new_tokens=5,
-                              batch_prompts=2, stage=rollout_stage(cfg, installed))
+    runs = sample_predictions(policy, examples(3), Sampling(responses=2, temperature=0.7, top_p=0.8, max_new_tokens=5,
+                                                            batch_prompts=2, stage=rollout_stage(cfg, installed)))
     assert recorder.asked == [(1, 2, 2, 0.7, 0.8, 5), (2, 1, 2, 0.7, 0.8, 5)]  # the evaluation's settings
     assert [text for example in zip(*runs) for text in example] == recorder.texts  # prompt-major, runs consecutive
     assert rollout_stage(replace(cfg, plugins=[]), installed) is None

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from leaf_plugins.core.stages import RolloutRequest
 from leaf_plugins.rollout.sampling import sample_responses
 from leaf_plugins.training.trainer import Trainer
 from training_cases import config, examples, host, vowel_share
@@ -19,7 +20,7 @@ def held_out_rewards(trainer: Trainer, seed: int) -> torch.Tensor:
     chosen = examples()[:8]
     inputs = trainer.backbone.build_inputs(trainer.loaded, [e.prompt for e in chosen], [e.audio for e in chosen])
     torch.manual_seed(seed)
-    rollout = sample_responses(trainer.policy, trainer.loaded, inputs, group_size=8, max_new_tokens=16)
+    rollout = sample_responses(RolloutRequest(trainer.policy, trainer.loaded, inputs, group_size=8, max_new_tokens=16))
     return torch.tensor(vowel_share(rollout.texts, []))
 
 

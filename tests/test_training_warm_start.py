@@ -11,9 +11,9 @@ import torch
 
 from leaf_plugins import get_host
 from leaf_plugins.cli import main
-from leaf_plugins.tasks.base import Example
+from leaf_plugins.core.task import Example
+from leaf_plugins.rollout.assembly import audio_token_ids
 from leaf_plugins.training.config import BackboneConfig
-from leaf_plugins.rollout.sampling import audio_token_ids
 from leaf_plugins.training.warm_start import WarmStartConfig, reference_tokens, warm_start
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "warm-start" / "tiny-qwen2-audio-translation.yaml"

@@ -1,7 +1,8 @@
 """A run on 1, 2 or 3 processes (gloo on the CPU; ``torchrun``, ``accelerate launch``,
 two rendezvous "nodes") trains what one process trains: the same rollouts, metrics and
-adapter, for every built-in estimator, with uneven shares, dropped groups, and several
-clipped updates per rollout in mini-batches on a learning-rate schedule."""
+adapter, for every built-in estimator, with uneven shares, dropped groups, several
+clipped updates per rollout in mini-batches on a learning-rate schedule, and the current
+recipes' settings (dynamic sampling's extra rounds among them)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from leaf_plugins.training.whole_step import check_world, prompt_share
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 REPOSITORY = Path(__file__).resolve().parents[1]
 ESTIMATORS = ("grpo", "leaf", "collision", "full_tree", "otb", "tree_rloo", "tree_otb")
-RUNS = (*ESTIMATORS, "dropped", "updates", "micro_batches")
+RUNS = (*ESTIMATORS, "dropped", "updates", "micro_batches", "recipe")
 ENVIRONMENT = {**os.environ, "OMP_NUM_THREADS": "1", "LEAF_PLUGINS_STRICT": "1"}
 
 RELATIVE = 1e-4
@@ -69,7 +70,8 @@ def assert_same_training(found: Path, expected: Path) -> None:
     assert [m["step"] for m in ours] == [m["step"] for m in theirs] and ours
     for mine, reference in zip(ours, theirs):
         assert mine["groups_dropped"] == reference["groups_dropped"]
-        for key in ("reward_mean", "advantage_abs_mean", "kl", "grad_norm", "learning_rate", "clip_fraction"):
+        for key in ("reward_mean", "advantage_abs_mean", "kl", "grad_norm", "learning_rate", "clip_fraction",
+                    "entropy", "sampling_rounds", "zero_std_groups", "truncated_fraction"):
             assert close(mine[key], reference[key]), (found, mine["step"], key, mine[key], reference[key])
         # the first step's loss is a sum of ± advantages times ratios of 1 that cancels in exact
         # arithmetic: its value is rounding (about 1e-8), so it is compared on the scale of its terms
@@ -133,6 +135,8 @@ def test_every_estimator_trains_the_same_on_several_processes(one_process, tmp_p
                         torch.load(one_process / "leaf" / "adapter.pt"))
     dropped = read_metrics(tmp_path / "dropped" / "metrics.jsonl")
     assert [m["groups_dropped"] for m in dropped] == [2.0, 1.0]  # the third process's whole share at step 1
+    recipe = read_metrics(tmp_path / "recipe" / "metrics.jsonl")
+    assert max(m["sampling_rounds"] for m in recipe) > 1  # the rounds after the first were sampled and compared
 
 
 @pytest.mark.slow  # the one-process fixture's runs

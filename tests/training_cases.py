@@ -7,7 +7,7 @@ import numpy as np
 
 from leaf_plugins import hookimpl
 from leaf_plugins.core.plugins import PluginHost
-from leaf_plugins.tasks.base import Example
+from leaf_plugins.core.task import Example
 from leaf_plugins.training.config import EstimatorConfig, LoraSettings, OptimConfig, RolloutConfig, TrainConfig
 
 
@@ -57,7 +57,7 @@ def fixed_step(trainer, prompts: list[Example], rank: int = 0, world: int = 1, s
 
     import torch
 
-    from leaf_plugins.core.stages import Rollout, StepContext
+    from leaf_plugins.core.stages import Rollout, RolloutRequest, StepContext
     from leaf_plugins.rollout.prompt_embedding import with_prompt_embeddings
     from leaf_plugins.rollout.sampling import sample_responses
     from leaf_plugins.training.update import StepData
@@ -68,7 +68,7 @@ def fixed_step(trainer, prompts: list[Example], rank: int = 0, world: int = 1, s
                                                                   [e.audio for e in prompts]))
     torch.manual_seed(seed)
     settings = trainer.config.rollout
-    rollout = sample_responses(policy, loaded, inputs, settings.group_size, settings.max_new_tokens)
+    rollout = sample_responses(RolloutRequest(policy, loaded, inputs, settings.group_size, settings.max_new_tokens))
     generator = torch.Generator().manual_seed(seed)
     batch = rollout.batch
     lengths = torch.minimum(batch.lengths, torch.randint(1, batch.width + 1, (batch.size,), generator=generator))
@@ -84,7 +84,9 @@ def fixed_step(trainer, prompts: list[Example], rank: int = 0, world: int = 1, s
     context = StepContext(1, policy, loaded, prompts[share.start : share.stop], local, trainer.config,
                           first_prompt=share.start)
     everything = torch.ones(batch.size, dtype=torch.bool)
-    return StepData(context, mine, advantages[rows], everything[rows], batch, rollout.prompt_index, everything)
+    shares = tuple(tuple(range(prompt_share(len(prompts), r, world).start, prompt_share(len(prompts), r, world).stop))
+                   for r in range(world))  # each process's prompts' step positions
+    return StepData(context, mine, advantages[rows], everything[rows], batch, rollout.prompt_index, everything, shares)
 
 
 def step_gradient(trainer, prompts: list[Example], rank: int = 0, world: int = 1) -> dict:

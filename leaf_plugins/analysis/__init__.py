@@ -1,1 +1,1 @@
-"""Analyses of rollouts: forkability of LEAF boundaries, rollout logs, plots."""
+"""Analyses of rollouts: forkability of LEAF boundaries (``forkability``), its tables and plots."""

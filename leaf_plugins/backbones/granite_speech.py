@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from leaf_plugins.backbones.base import AUDIO_PLACEHOLDER, LANGUAGE_MODEL_LINEARS, LoadedBackbone
+from leaf_plugins.backbones.base import LANGUAGE_MODEL_LINEARS
+from leaf_plugins.core.backbone import AUDIO_PLACEHOLDER, LoadedBackbone
 from leaf_plugins.core.hookspecs import hookimpl
 
 if TYPE_CHECKING:  # imported where used: registering the backbones (`leaf plugins`) needs no model code
@@ -14,11 +15,9 @@ if TYPE_CHECKING:  # imported where used: registering the backbones (`leaf plugi
     import torch
     from transformers.models.granite_speech.processing_granite_speech import GraniteSpeechProcessor
 
-    from leaf_plugins.backbones.granite_features import TorchGraniteSpeechFeatureExtractor, htk_mel_filters, log_mel
-
 __all__ = [
-    "TorchGraniteSpeechFeatureExtractor", "GraniteSpeechBackbone", "htk_mel_filters", "log_mel", "merge_builtin_adapter",
-    "tiny_granite_speech", "GRANITE_SPEECH_3_3_8B", "random_granite_speech_3_3_8b",
+    "GraniteSpeechBackbone", "merge_builtin_adapter", "tiny_granite_speech", "GRANITE_SPEECH_3_3_8B",
+    "random_granite_speech_3_3_8b",
 ]
 
 
@@ -180,15 +179,3 @@ def register_backbones(register) -> None:  # type: ignore[no-untyped-def]
     register("granite-speech-3.3-8b", GraniteSpeechBackbone(hub_id="ibm-granite/granite-speech-3.3-8b"))
     register("granite-4.0-1b-speech", GraniteSpeechBackbone(hub_id="ibm-granite/granite-4.0-1b-speech"))
     register("tiny-granite-speech", TINY)
-
-
-_FRONT_END = frozenset({"TorchGraniteSpeechFeatureExtractor", "htk_mel_filters", "log_mel"})
-
-
-def __getattr__(name: str) -> Any:
-    """The front end's names (``granite_features``), imported on first use (PEP 562)."""
-    if name not in _FRONT_END:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from leaf_plugins.backbones import granite_features
-
-    return getattr(granite_features, name)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from leaf_plugins.backbones.base import AUDIO_PLACEHOLDER, LANGUAGE_MODEL_LINEARS, LoadedBackbone
+from leaf_plugins.backbones.base import LANGUAGE_MODEL_LINEARS
+from leaf_plugins.core.backbone import AUDIO_PLACEHOLDER, LoadedBackbone
 from leaf_plugins.core.hookspecs import hookimpl
 
 if TYPE_CHECKING:  # imported where used: registering the backbones (`leaf plugins`) needs no model code

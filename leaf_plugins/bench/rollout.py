@@ -161,6 +161,7 @@ def measure_rollout(shape: RolloutShape) -> dict[str, Any]:
     backend (``measure_mismatch``) and, with ``shape.profile``, the decode step's profile."""
     from leaf_plugins.bench.step import run_in_process
     from leaf_plugins.rollout.decoding.phase_timer import PhaseTimer
+    from leaf_plugins.core.stages import RolloutRequest
     from leaf_plugins.rollout.decoding.static_rollout import graph_failure, static_folds, static_rollout
     from leaf_plugins.rollout.sampling import sample_responses
 
@@ -168,12 +169,13 @@ def measure_rollout(shape: RolloutShape) -> dict[str, Any]:
     loaded, model, inputs = _prepared(shape)
     cuda = torch.device(shape.device).type == "cuda"
     rows = shape.prompts * shape.group_size
+    request = RolloutRequest(model, loaded, inputs, shape.group_size, shape.new_tokens, 1.0, 0.9)
 
     def rollout(backend: str, seed: int, timer: PhaseTimer | None = None) -> Any:
         torch.manual_seed(seed)
         if backend == "static":
-            return static_rollout(model, loaded, inputs, shape.group_size, shape.new_tokens, 1.0, 0.9, timer=timer)
-        return sample_responses(model, loaded, inputs, shape.group_size, shape.new_tokens, 1.0, 0.9, backend=backend)
+            return static_rollout(request, timer=timer)
+        return sample_responses(request, backend)
 
     first = PhaseTimer(torch.device(shape.device))
     for backend in BACKENDS:  # warm-up: first-call costs (allocator, kernels, the capture) are not the rollout's
@@ -301,6 +303,7 @@ def profile_decode_step(model: Any, loaded: Any, inputs: dict[str, torch.Tensor]
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
+    from leaf_plugins.core.stages import RolloutRequest
     from leaf_plugins.rollout.decoding.static_rollout import static_rollout
 
     device = inputs["attention_mask"].device
@@ -311,7 +314,7 @@ def profile_decode_step(model: Any, loaded: Any, inputs: dict[str, torch.Tensor]
         """(operator, kernel) milliseconds of one eager rollout of ``new_tokens``."""
         torch.manual_seed(0)
         with profile(activities=activities) as profiler:
-            static_rollout(model, loaded, inputs, group_size, new_tokens, 1.0, 0.9, cuda_graph=False)
+            static_rollout(RolloutRequest(model, loaded, inputs, group_size, new_tokens, 1.0, 0.9), cuda_graph=False)
             _synchronise(str(device))
         operators: dict[str, float] = {}
         kernels: dict[str, float] = {}
@@ -349,6 +352,7 @@ def peak_resident_memory(shape: RolloutShape, backend: str) -> int:
     """The largest resident set above the one before, over one rollout of ``backend``
     at ``shape`` (the model and inputs prepared first), sampled every millisecond."""
     from leaf_plugins.bench.step import MemorySampler
+    from leaf_plugins.core.stages import RolloutRequest
     from leaf_plugins.rollout.sampling import sample_responses
 
     loaded, model, inputs = _prepared(shape)
@@ -356,7 +360,8 @@ def peak_resident_memory(shape: RolloutShape, backend: str) -> int:
         before = sampler.rss()
         with sampler.phase(backend):
             torch.manual_seed(1)
-            sample_responses(model, loaded, inputs, shape.group_size, shape.new_tokens, 1.0, 0.9, backend=backend)
+            sample_responses(RolloutRequest(model, loaded, inputs, shape.group_size, shape.new_tokens, 1.0, 0.9),
+                             backend)
     return sampler.peaks[backend] - before
 
 
@@ -366,6 +371,7 @@ def measure_mismatch(shape: RolloutShape, loaded: Any, model: Any, inputs: dict[
     of ``|log π_teacher-forced − log π_rollout|`` over the response tokens and the share
     of tokens whose ratio ``exp(Δ)`` leaves ``[1 − ε, 1 + ε]``. The adapter's B matrices
     are drawn first (std 0.02): attached fresh, the adapter is the identity."""
+    from leaf_plugins.core.stages import RolloutRequest
     from leaf_plugins.rollout.sampling import sample_responses
     from leaf_plugins.training.teacher_forcing import response_logprobs
 
@@ -377,8 +383,8 @@ def measure_mismatch(shape: RolloutShape, loaded: Any, model: Any, inputs: dict[
     found = {}
     for backend in BACKENDS:
         torch.manual_seed(0)
-        rollout = sample_responses(model, loaded, inputs, shape.group_size, shape.new_tokens, 1.0, 0.9,
-                                   backend=backend)
+        rollout = sample_responses(RolloutRequest(model, loaded, inputs, shape.group_size, shape.new_tokens, 1.0, 0.9),
+                                   backend)
         batch = rollout.batch
         forced = []
         with torch.no_grad():

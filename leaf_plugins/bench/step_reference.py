@@ -21,10 +21,11 @@ import torch
 from transformers import (LogitsProcessor, LogitsProcessorList, SuppressTokensLogitsProcessor, TemperatureLogitsWarper,
                           TopPLogitsWarper)
 
-from leaf_plugins.backbones.base import LoadedBackbone
+from leaf_plugins.core.backbone import LoadedBackbone
+from leaf_plugins.core.stages import Rollout
+from leaf_plugins.rollout.assembly import SURPRISAL_SOURCES, assemble_rollout, audio_token_ids
 from leaf_plugins.rollout.decoding.keyed_draw import draw, response_keys
 from leaf_plugins.rollout.generate import sampling_seed
-from leaf_plugins.rollout.sampling import SURPRISAL_SOURCES, Rollout, assemble_rollout, audio_token_ids
 
 __all__ = ["sample_responses_k_copies", "response_logprobs_full_vocabulary"]
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from leaf_plugins.commands import written_line
 from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.core.interrupts import interrupt_point
 
@@ -82,6 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "reported as such)")
     step.add_argument("--backbone", choices=["qwen2-audio", "granite-speech"], action="append",
                       help="measure only this backbone (repeatable; default both)")
+    step.add_argument("--lora-dropout", type=float, nargs="+", metavar="P",
+                      help="LoRA dropout of every measured step; several values measure each shape at each "
+                           "(e.g. 0 0.05: what keyed dropout costs); default the paper's 0.05")
     step.add_argument("--device", default="cpu", metavar="DEVICE",
                       help="cpu (tiny stand-ins with the real vocabularies) or a CUDA device such as cuda: "
                            "random-weight Qwen2-Audio-7B and Granite Speech 3.3 8B in bf16 at the paper's shape")
@@ -129,9 +133,10 @@ def run_speed(args: argparse.Namespace) -> int:
     print("estimators:", ", ".join(choice.label for choice in choices), flush=True)
     print(f"threads: {args.threads} (torch's CPU threads in every timed call; --threads)", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    runs = []
+    runs, reports = [], []
     for run_number in range(1, args.repeats + 1):
         report = args.out / f"speed-{run_number}.json"
+        reports.append(report)
         command = [sys.executable, "-m", "pytest", str(suite), "--benchmark-only", f"--benchmark-json={report}", "-q",
                    "-p", "no:cacheprovider", "--benchmark-columns=median,min,rounds"]
         if args.quick:
@@ -150,10 +155,10 @@ def run_speed(args: argparse.Namespace) -> int:
         device = "the CPU"
     table = speed_caption(rows, device) + "\n\n" + speed_table(rows)
     spread = ratio_spread(runs)
-    (args.out / "speed.md").write_text(table + "\n\n" + spread + "\n")
-    plot_speed(rows, args.out / "speed.png")
-    print("\n" + table + "\n\n" + spread + f"\n\nwritten: {args.out / 'speed.md'}, {args.out / 'speed.png'}, "
-          f"{args.out}/speed-*.json")
+    table_path, plot_path = args.out / "speed.md", args.out / "speed.png"
+    table_path.write_text(table + "\n\n" + spread + "\n")
+    plot_speed(rows, plot_path)
+    print("\n" + table + "\n\n" + spread + f"\n\n{written_line([table_path, plot_path, *reports])}")
     return 0
 
 
@@ -201,27 +206,32 @@ def run_credit(args: argparse.Namespace) -> int:
                               f"{len(reported)} times")
         table = report_table(paired_report(chosen, reported[0], seeds=settings.seeds, groups=settings.groups))
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "report-set.md").write_text(table)
-        print("\n" + table + f"\nwritten: {args.out}/report-set.md")
+        report_path = args.out / "report-set.md"
+        report_path.write_text(table)
+        print("\n" + table + f"\n{written_line([report_path])}")
         return 0
     chosen = [known[name] for name in args.regimes] if args.regimes else held_out_regimes() if args.held_out else None
     estimators = [*estimator_choices(args.estimators), ORACLE] if args.estimators else None
     rows = run_sweep(settings, chosen, estimators)
     args.out.mkdir(parents=True, exist_ok=True)
     table = markdown_table(rows)
-    (args.out / "credit.md").write_text(table + "\n")
-    write_csv(rows, args.out / "credit.csv")
-    plot_cosines(rows, args.out / "gradient_cosine.png")
-    for protocol in PROTOCOLS:
-        plot_learning(rows, args.out / f"learning_curves_{protocol}.png", protocol)
+    table_path, csv_path = args.out / "credit.md", args.out / "credit.csv"
+    cosines_path = args.out / "gradient_cosine.png"
+    table_path.write_text(table + "\n")
+    write_csv(rows, csv_path)
+    plot_cosines(rows, cosines_path)
+    curve_paths = [args.out / f"learning_curves_{protocol}.png" for protocol in PROTOCOLS]
+    for protocol, curve_path in zip(PROTOCOLS, curve_paths):
+        plot_learning(rows, curve_path, protocol)
     print("\n" + table)
-    print(f"\nwritten: {args.out}/credit.md, credit.csv, gradient_cosine.png, "
-          + ", ".join(f"learning_curves_{protocol}.png" for protocol in PROTOCOLS))
+    print(f"\n{written_line([table_path, csv_path, cosines_path, *curve_paths])}")
     return 0
 
 
 def run_step(args: argparse.Namespace) -> int:
     import json
+
+    from dataclasses import replace
 
     from tqdm import tqdm
 
@@ -247,16 +257,21 @@ def run_step(args: argparse.Namespace) -> int:
         shapes += [StepShape("new", backbone, vocab) for backbone, vocab in BACKBONE_VOCABULARIES.items()]
     if args.backbone:
         shapes = [shape for shape in shapes if shape.backbone in args.backbone]
+    if args.lora_dropout:
+        if not all(0.0 <= p < 1.0 for p in args.lora_dropout):
+            raise ConfigError(f"--lora-dropout takes values in [0, 1), got {args.lora_dropout}")
+        shapes = [replace(shape, lora_dropout=p) for shape in shapes for p in args.lora_dropout]
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows, rows_path = [], args.out / "step.json"
     for shape in tqdm(shapes, desc="steps", unit="step"):
         interrupt_point()  # Ctrl-C stops between shapes (the rows measured so far are kept)
         rows.append(run_in_process(shape))
-        (args.out / "step.json").write_text(json.dumps(rows, indent=1))  # kept if a later step is interrupted
+        rows_path.write_text(json.dumps(rows, indent=1))  # kept if a later step is interrupted
     table, accounting = step_table(rows), accounting_table()
-    (args.out / "step.md").write_text(table + "\n\n" + accounting + "\n")
-    plot_growth(rows, args.out / "step_memory.png")
-    print("\n" + table + "\n\n" + accounting + f"\n\nwritten: {args.out}/step.md, step.json, step_memory.png")
+    table_path, plot_path = args.out / "step.md", args.out / "step_memory.png"
+    table_path.write_text(table + "\n\n" + accounting + "\n")
+    plot_growth(rows, plot_path)
+    print("\n" + table + "\n\n" + accounting + f"\n\n{written_line([table_path, rows_path, plot_path])}")
     return 0
 
 
@@ -282,14 +297,15 @@ def run_rollout(args: argparse.Namespace) -> int:
     if args.backbone:
         shapes = [shape for shape in shapes if shape.backbone in args.backbone]
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows, rows_path = [], args.out / "rollout.json"
     for shape in shapes:
         print(f"measuring {shape.backbone} ({shape.size}) on {shape.device} ...", flush=True)
         rows.append(run_in_process(shape, measure_rollout))  # one process per backbone: both backends inside it
-        (args.out / "rollout.json").write_text(json.dumps(rows, indent=1))  # kept if a later one is interrupted
+        rows_path.write_text(json.dumps(rows, indent=1))  # kept if a later one is interrupted
     text = rollout_table(rows) + "\n\nbf16 rollout/teacher-forced mismatch:\n\n" + mismatch_table(rows)
     if args.profile:
         text += "\n\nWhere the static decode step's time goes:\n\n" + profile_table(rows)
-    (args.out / "rollout.md").write_text(text + "\n")
-    print("\n" + text + f"\n\nwritten: {args.out}/rollout.md, rollout.json")
+    table_path = args.out / "rollout.md"
+    table_path.write_text(text + "\n")
+    print("\n" + text + f"\n\n{written_line([table_path, rows_path])}")
     return 0

@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+from dataclasses import replace
 from pathlib import Path
 
+from leaf_plugins.commands import require_training_stack, written_line
 from leaf_plugins.core.errors import ConfigError
 
 NAME = "eval"
@@ -93,7 +95,7 @@ GRADING_HELP = {
 def _add_grading(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
     from leaf_plugins.evaluation.grading import PROTOCOLS
 
-    defaults = PROTOCOLS[name]
+    defaults = PROTOCOLS[name].decoding
     command = sub.add_parser(name, help=GRADING_HELP[name])
     command.add_argument("--judge", required=True, help="hub id or local directory of the judge (a causal LM)")
     command.add_argument("--predictions", type=Path, required=True, metavar="RUN.jsonl",
@@ -129,27 +131,31 @@ def run(args: argparse.Namespace) -> int:
     return int(args.evaluate(args))
 
 
-def _write(out: Path, stem: str, header: tuple[str, ...], rows: list[tuple]) -> str:
+def _write_table(out: Path, stem: str, header: tuple[str, ...], rows: list[tuple]) -> list[Path]:
+    """Write ``rows`` under ``header`` to ``out/STEM.md`` (Markdown) and ``out/STEM.csv``,
+    print the Markdown table, and return the two paths."""
     out.mkdir(parents=True, exist_ok=True)
-    with (out / f"{stem}.csv").open("w", newline="") as handle:
+    markdown, table_csv = out / f"{stem}.md", out / f"{stem}.csv"
+    with table_csv.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(header)
         writer.writerows(rows)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
     table = "\n".join(lines)
-    (out / f"{stem}.md").write_text(table + "\n")
-    print(table + f"\n\nwritten: {out / stem}.md, {out / stem}.csv")
-    return table
+    markdown.write_text(table + "\n")
+    print(table + "\n")
+    return [markdown, table_csv]
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    require_training_stack()
     import torch
     from accelerate import PartialState
 
     from leaf_plugins.evaluation.predictions import write_predictions
     from leaf_plugins.core.processes import group_rank
-    from leaf_plugins.evaluation.sampling import load_policy, run_to_sample, sample_predictions
+    from leaf_plugins.evaluation.sampling import Sampling, load_policy, run_to_sample, sample_predictions
     from leaf_plugins.core.plugins import get_host
     from leaf_plugins.training.config import load_train_config, task_examples
     from leaf_plugins.training.run_config import check_same_backbone, run_config_path
@@ -163,9 +169,9 @@ def run_generate(args: argparse.Namespace) -> int:
         check_same_backbone(run_dir, config)
     examples = task_examples(config.task, args.split)[: args.limit]
     policy = load_policy(config.backbone, run_dir)
-    runs = sample_predictions(policy, examples, args.runs, args.temperature, args.top_p, args.max_new_tokens,
-                              args.batch_prompts, args.seed, config.rollout.backend,
-                              rollout_stage(config, get_host()), config.rollout.backend_params)
+    sampling = Sampling(args.runs, args.temperature, args.top_p, args.max_new_tokens, args.batch_prompts, args.seed,
+                        config.rollout.backend, config.rollout.backend_params, rollout_stage(config, get_host()))
+    runs = sample_predictions(policy, examples, sampling)
     if group_rank()[0] != 0:  # every process sampled its share; the first writes the whole evaluation
         return 0
     paths = write_predictions(args.out, examples, runs)
@@ -191,7 +197,8 @@ def run_metrics(args: argparse.Namespace) -> int:
                          value.runs))
         else:
             rows.append((name, str(value), "", "", "", len(runs)))
-    _write(args.out, "metrics", ("metric", "mean", "std over runs", "min", "max", "runs"), rows)
+    header = ("metric", "mean", "std over runs", "min", "max", "runs")
+    print(written_line(_write_table(args.out, "metrics", header, rows)))
     return 0
 
 
@@ -213,13 +220,14 @@ def run_tail(args: argparse.Namespace) -> int:
                                   score_key=args.score_key).scores
     report = tail_risk_report(scores, args.alphas, args.threshold, args.resamples)
     rows = [(name, f"{e.value:.4g}", f"{e.low:.4g}", f"{e.high:.4g}") for name, e in report.items()]
-    _write(args.out, "tail_risk", ("statistic", f"value (N={len(scores)})", "95% CI low", "95% CI high"), rows)
+    header = ("statistic", f"value (N={len(scores)})", "95% CI low", "95% CI high")
+    print(written_line(_write_table(args.out, "tail_risk", header, rows)))
     return 0
 
 
 def run_grading(args: argparse.Namespace) -> int:
     from leaf_plugins.evaluation.grading import grade, grade_items, summary_rows, write_grades
-    from leaf_plugins.evaluation.judge_model import check_decoding, load_judge
+    from leaf_plugins.evaluation.judge_model import JudgeDecoding, load_judge
     from leaf_plugins.evaluation.predictions import read_predictions
 
     found = read_predictions(args.predictions, args.prediction_key, args.reference_key, args.question_key)
@@ -228,13 +236,14 @@ def run_grading(args: argparse.Namespace) -> int:
     items = grade_items(found)[: args.limit]
     extra = ({"source_lang": args.source_lang, "target_lang": args.target_lang} if args.protocol == "da" else
              {"rubric": args.rubric.read_text() if args.rubric else None})
-    check_decoding(args.samples, args.temperature)  # before a large judge is loaded
+    decoding = JudgeDecoding(samples=args.samples, temperature=args.temperature, top_p=args.top_p,
+                             max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed,
+                             chat_template=not args.no_chat_template)  # checked here, before a large judge is loaded
     judge = load_judge(args.judge, args.device, args.dtype)
-    grades = grade(judge, items, args.protocol, args.samples, args.temperature, args.top_p, args.max_new_tokens,
-                   args.batch_size, args.seed, kind=args.task, chat=not args.no_chat_template, **extra)
+    grades = grade(judge, items, args.protocol, decoding, kind=args.task, **extra)
     paths = write_grades(grades, args.out)
     print("\n".join(f"{label}: {value}" for label, value in summary_rows(grades)))
-    print(f"written: {', '.join(str(path) for path in paths)}")
+    print(written_line(paths))
     return 0
 
 
@@ -248,12 +257,12 @@ def run_report(args: argparse.Namespace) -> int:
         raise ConfigError(f"not a directory: {', '.join(missing)}")
     rows = [read_run(path, name) for path, name in zip(args.runs, args.names or [None] * len(args.runs))]
     text, markdown, table = render(rows, args.out)
-    print(text + f"\nwritten: {markdown}, {table}")
+    print(text + "\n" + written_line([markdown, table]))
     return 0
 
 
 def run_pairwise(args: argparse.Namespace) -> int:
-    from leaf_plugins.evaluation.judge import PairItem, judge_pairs
+    from leaf_plugins.evaluation.judge import PAIRWISE_DECODING, PairItem, judge_pairs
     from leaf_plugins.evaluation.pairwise import OUTCOMES
     from leaf_plugins.evaluation.predictions import read_predictions
 
@@ -265,15 +274,16 @@ def run_pairwise(args: argparse.Namespace) -> int:
         raise ConfigError(f"{len(missing)} ids of {args.x} are not in {args.y} (first: {missing[0]!r}); "
                           "both files must hold the same items")
     items = [PairItem(q, r, p, y_by_id[i]) for i, p, r, q in zip(x.ids, x.predictions, x.references, x.questions)]
-    judged = judge_pairs(args.judge, items, template=args.template, max_new_tokens=args.max_new_tokens,
-                         batch_size=args.batch_size, device=args.device)
+    decoding = replace(PAIRWISE_DECODING, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+    judged = judge_pairs(args.judge, items, template=args.template, decoding=decoding, device=args.device)
     rows = [(label, value) for label, value in judged.summary.rows(args.x_name, args.y_name)]
     rows.append(("pairs", str(judged.summary.pairs)))
-    _write(args.out, "pairwise", ("statistic", "value [95% CI]"), rows)
-    with (args.out / "pairwise_outputs.jsonl").open("w") as handle:
+    written = _write_table(args.out, "pairwise", ("statistic", "value [95% CI]"), rows)
+    outputs = args.out / "pairwise_outputs.jsonl"  # the judge's outputs
+    with outputs.open("w") as handle:
         for item, first, second, code in zip(x.ids, judged.outputs_x_first, judged.outputs_y_first,
                                              judged.codes.tolist()):
             record = {"id": item, "x_first": first, "y_first": second, "outcome": OUTCOMES[code]}
             handle.write(json.dumps(record) + "\n")
-    print(f"judge outputs: {args.out / 'pairwise_outputs.jsonl'}")
+    print(written_line([*written, outputs]))
     return 0

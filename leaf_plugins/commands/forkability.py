@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from leaf_plugins.commands import written_line
+
 NAME = "forkability"
 HELP = ("Forkability of rollouts (paper Section 5): usable fork-fire rate r_f with CIs, per-position curve, "
         "fired group size, reward spread and depth quantiles, from JSONL rollout logs or a fresh sampling pass.")
@@ -52,18 +54,19 @@ def run(args: argparse.Namespace) -> int:
         positions.extend(curve)
     table = summary_markdown(summaries, args.tau)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "forkability.md").write_text(table + "\n")
-    write_csv(summaries, SUMMARY_COLUMNS, args.out / "forkability.csv")
-    write_csv(positions, POSITION_COLUMNS, args.out / "forkability_positions.csv")
-    plot_usable_rate(curves, args.out / "usable_rate.png", args.min_attempts, args.max_position)
+    table_path = args.out / "forkability.md"
+    table_path.write_text(table + "\n")
+    written = [table_path, write_csv(summaries, SUMMARY_COLUMNS, args.out / "forkability.csv"),
+               write_csv(positions, POSITION_COLUMNS, args.out / "forkability_positions.csv"),
+               plot_usable_rate(curves, args.out / "usable_rate.png", args.min_attempts, args.max_position)]
     print(table)
-    print(f"\nwritten: {args.out}/forkability.md, forkability.csv, forkability_positions.csv, usable_rate.png")
+    print(f"\n{written_line(written)}")
     return 0
 
 
 def _logged(args: argparse.Namespace):
     """One (label, batches) per rollout log."""
-    from leaf_plugins.analysis.rollout_log import batches_from_groups, read_groups
+    from leaf_plugins.rollout.log import batches_from_groups, read_groups
 
     for label, path in zip(_labels(args.rollouts), args.rollouts):
         yield label, (batch for batch, _ in batches_from_groups(read_groups(path), args.groups_per_batch))
@@ -82,7 +85,7 @@ def _labels(paths: list[Path]) -> list[str]:
 
 def _sampled(args: argparse.Namespace):
     """(label, batches) of a fresh sampling pass of a run's policy over a task split."""
-    from leaf_plugins.analysis.fresh_sampling import sampled_batches
+    from leaf_plugins.evaluation.fresh_sampling import sampled_batches
     from leaf_plugins.evaluation.sampling import run_to_sample
     from leaf_plugins.training.config import load_train_config
 

@@ -5,7 +5,7 @@ run config enables in ``plugins:``, with theirs), and the ``leaf`` commands."""
 from __future__ import annotations
 
 import argparse
-import warnings
+import inspect
 
 from leaf_plugins.core.errors import LeafError
 from leaf_plugins.core.parameters import Parameter, declared_parameters, parameter_list, parameters_class
@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
             if args.kind and kind != args.kind:
                 continue
             for entry in host.registries[kind]:
-                rows.append((kind, entry.name, entry.origin, _first_line(entry.value)))
+                rows.append((kind, entry.name, entry.origin, description(entry.value)))
                 lines = _parameter_lines(kind, entry.name, entry.value)
                 if lines:
                     details[len(rows) - 1] = lines
@@ -65,15 +65,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _first_line(value: object) -> str:
-    doc = (getattr(value, "__doc__", None) or "").strip().splitlines()
-    return doc[0] if doc else ""
+def description(value: object) -> str:
+    """The description ``leaf plugins`` shows for a registered object: the first paragraph
+    of its docstring (up to the first blank line), on one line, so that a summary wrapped
+    over several lines is shown whole; empty without a docstring."""
+    doc = inspect.cleandoc(getattr(value, "__doc__", None) or "")
+    return " ".join(doc.split("\n\n")[0].split())
 
 
 def _parameter_lines(kind: str, name: str, value: object) -> list[str]:
-    """``name: type = default  help`` per parameter of an estimator (aligned), of any
-    other registered object or stage plugin that declares a ``parameters`` dataclass,
-    or of a task's declared load options; or why its parameters cannot be read."""
+    """``name: type = default  help`` per parameter of an estimator (aligned), or of any
+    other registered object or stage plugin that declares a ``parameters`` dataclass;
+    or why its parameters cannot be read."""
     if kind == "estimator":
         return _estimator_lines(name, value)
     if kind == "backbone":
@@ -81,7 +84,7 @@ def _parameter_lines(kind: str, name: str, value: object) -> list[str]:
     try:
         declared = declared_parameters(kind, name, value)
         if declared is None:
-            return _task_option_lines(value) if kind == "task" else []
+            return []
         parameters = parameter_list(declared, name)
     except LeafError as error:
         return [f"parameters: error: {error}"]
@@ -91,29 +94,14 @@ def _parameter_lines(kind: str, name: str, value: object) -> list[str]:
 
 def _estimator_lines(name: str, estimator: object) -> list[str]:
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", DeprecationWarning)
-            parameters: list[Parameter] = parameter_list(parameters_class(name, estimator), name)
+        parameters: list[Parameter] = parameter_list(parameters_class(name, estimator), name)
     except LeafError as error:
         return [f"parameters: error: {error}"]
-    notes = [f"parameters: {warning.message}" for warning in caught if issubclass(warning.category, DeprecationWarning)]
-    if not parameters:
-        return notes or ["(no parameters)"]
-    return notes + _aligned(parameters)
+    return _aligned(parameters) if parameters else ["(no parameters)"]
 
 
 def _aligned(parameters: list[Parameter]) -> list[str]:
     return _columns([(f"{p.name}: {p.type_text} = {p.default_text}", p.help) for p in parameters])
-
-
-def _task_option_lines(task: object) -> list[str]:
-    """The load options a built-in task declares (``tasks/options.py``), as parameters are shown."""
-    options = getattr(task, "options", None)
-    if not isinstance(options, tuple) or not options:
-        return []
-    return ["options (task.options):", *_columns(
-        [(f"{option.name}: {option.kind} = {'null' if option.default is None else repr(option.default)}", option.help)
-         for option in options])]
 
 
 def _columns(rows: list[tuple[str, str]]) -> list[str]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from leaf_plugins.commands import require_training_stack, written_line
+
 NAME = "study"
 HELP = ("Run every variation x seed of a study file (train, evaluate on held-out examples), skipping finished "
         "runs, and write the results table (Markdown, CSV) and learning curves (PNG).")
@@ -28,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_training_stack()
     from leaf_plugins.studies.config import load_study
 
     study = load_study(args.study, args.overrides)
@@ -40,20 +43,21 @@ def run(args: argparse.Namespace) -> int:
     if args.table:
         from leaf_plugins.studies.results import write_results
 
-        table = write_results(study)
-        print(table.read_text())
-        print(f"written: {table}, {table.with_name('results.csv')}, {table.with_name('results_runs.csv')}")
+        written = write_results(study)
+        print(written[0].read_text())
+        print(written_line(written))
         return 0
     from leaf_plugins.studies.runner import run_study
 
     try:
-        table = run_study(study)
+        written = run_study(study)
     except KeyboardInterrupt as interrupt:  # `leaf` prints what was kept and exits with 130 (143: SIGTERM)
         current = getattr(interrupt, "kept", None)
         interrupt.kept = (f"the finished runs in {study.output_dir}"  # type: ignore[attr-defined]
                           + (f" and the current run's {current}" if current else ""))
         raise
-    print()
-    print(table.read_text())
-    print(f"written: {table}, {table.with_name('results.csv')}, {table.with_name('learning_curves.png')}")
+    if written:  # the main process of a launch, which wrote them
+        print()
+        print(written[0].read_text())
+        print(f"{written_line(written)}; each run's files in its directory under {study.output_dir / 'runs'}")
     return 0

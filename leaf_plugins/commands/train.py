@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from leaf_plugins.commands import require_training_stack
+
 NAME = "train"
 HELP = "Train a speech LLM with RL from a YAML run config (re-running the same command resumes)."
 EPILOG = """examples:
@@ -39,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_training_stack()
     from leaf_plugins.core.plugins import get_host
     from leaf_plugins.training.config import load_train_config, task_examples
     from leaf_plugins.training.run_config import check_resumed_config, run_config_path

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from leaf_plugins.commands import require_training_stack
+
 NAME = "warm-start"
 HELP = "Supervised fine-tuning on a task's references; saves a checkpoint RL runs load (backbone.path)."
 
@@ -15,6 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_training_stack()
     from leaf_plugins.training.config import task_examples
     from leaf_plugins.training.warm_start import load_warm_start_config, warm_start
 

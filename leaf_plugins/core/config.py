@@ -3,6 +3,12 @@
 Each error names ``file:line:col``, the key and, where it can, the closest valid key or
 registered name. Command-line overrides ``a.b=value`` are applied before validation and
 reported by their text when they are wrong.
+
+A mapping may name other files to fill in what it leaves unset (``include:``, a file or
+a list of files, relative to the including file): a run config includes a recipe of
+``configs/recipes/``, a study's ``base`` does the same. What the mapping sets itself
+wins, then the later of its includes; a section set in both is merged key by key, a
+list is taken whole. An error in an included value names the included file's line.
 """
 
 from __future__ import annotations
@@ -21,10 +27,13 @@ from ruamel.yaml.reader import ReaderError
 
 from leaf_plugins.core.errors import ConfigError, suggest
 
-__all__ = ["Setting", "load_yaml", "load_config", "parse_overrides", "apply_settings", "apply_overrides", "build",
+__all__ = ["Setting", "INCLUDE", "load_yaml", "resolve_includes", "load_config", "parse_overrides", "apply_settings", "apply_overrides", "build",
            "build_collecting", "set_dotted", "format_errors", "key_location", "differing_settings"]
 
 Setting = tuple[str, Any, str]  # (dotted key, value, where it was given: "override 'a.b=1'" or file:line:col)
+
+INCLUDE = "include"
+"""The key of a mapping that names the files filling in what it leaves unset."""
 
 
 def load_yaml(path: Path) -> CommentedMap:
@@ -59,6 +68,57 @@ def load_yaml(path: Path) -> CommentedMap:
         raise ConfigError(f"{path}:{line}:{column}: the file must hold a mapping of sections (`key: value` lines), "
                           f"not {_kind(data)}")
     return data
+
+
+def resolve_includes(node: CommentedMap, path: Path, chain: tuple[Path, ...] = ()) -> None:
+    """Fill in the keys ``node`` (a mapping of the file ``path``) leaves unset from the
+    files its ``include:`` names, then drop the key (the module's rules). Raises
+    ``ConfigError`` at the ``include`` key for a file that is missing, unreadable or
+    includes itself."""
+    if not isinstance(node, CommentedMap) or INCLUDE not in node:
+        return
+    path = Path(path)
+    at = key_location(node, INCLUDE, str(path))
+    value = node[INCLUDE]
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not names or not all(isinstance(name, str) and name for name in names):
+        raise ConfigError(f"{at}: include must name a file or a list of files, got {value!r}")
+    del node[INCLUDE]
+    here = (*chain, path.resolve())
+    for name in reversed(names):  # the later include wins: it fills first
+        target = path.parent / name
+        if target.resolve() in here:
+            cycle = " -> ".join(str(step) for step in (*here, target.resolve()))
+            raise ConfigError(f"{at}: include {name!r} includes itself ({cycle})")
+        if not target.is_file():
+            raise ConfigError(f"{at}: include {name!r}: no such file ({target})")
+        included = load_yaml(target)
+        resolve_includes(included, target, here)
+        _locate_keys(included, str(target))
+        _fill_unset(node, included)
+
+
+def _locate_keys(node: Any, where: str) -> None:
+    """Mark every key of ``node`` (and of its sections and list entries) with its place
+    in the file ``where``, keeping places marked already."""
+    if isinstance(node, CommentedMap):
+        for key, value in node.items():
+            if key not in _marks(node):
+                _mark_location(node, key, key_location(node, key, where))
+            _locate_keys(value, where)
+    elif isinstance(node, list):
+        for value in node:
+            _locate_keys(value, where)
+
+
+def _fill_unset(node: CommentedMap, included: CommentedMap) -> None:
+    """Set the keys of ``included`` that ``node`` lacks (sections merged key by key)."""
+    for key, value in included.items():
+        if key not in node:
+            node[key] = value
+            _mark_location(node, key, key_location(included, key, ""))
+        elif isinstance(node[key], CommentedMap) and isinstance(value, CommentedMap):
+            _fill_unset(node[key], value)
 
 
 def _kind(value: Any) -> str:
@@ -256,21 +316,28 @@ def _name(annotation: Any) -> str:
 _LOCATIONS = "_leaf_locations"
 
 
+def _marks(node: Any) -> dict[Any, str]:
+    """The places marked on the mapping ``node`` (kept in its line-and-column record, so
+    that a deep copy keeps them)."""
+    record = getattr(node, "lc", None)
+    return getattr(record, _LOCATIONS, {}) if record is not None else {}
+
+
 def _mark_location(node: Any, key: str, source: str) -> None:
-    marks = getattr(node, _LOCATIONS, None)
+    record = getattr(node, "lc", None)
+    if record is None:  # a plain mapping (an override's value): its errors name the override
+        return
+    marks = getattr(record, _LOCATIONS, None)
     if marks is None:
         marks = {}
-        try:
-            setattr(node, _LOCATIONS, marks)
-        except AttributeError:
-            return
+        setattr(record, _LOCATIONS, marks)
     marks[key] = source
 
 
 def key_location(node: Any, key: Any, where: str) -> str:
     """Where ``key`` of the mapping ``node`` was given: ``file:line:col`` in the file
-    ``where``, or the override (or other marked source) that set it."""
-    marks = getattr(node, _LOCATIONS, {})
+    ``where``, or the override, included file (or other marked source) that set it."""
+    marks = _marks(node)
     if key in marks:
         return marks[key]
     try:

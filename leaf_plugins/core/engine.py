@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from typing import Any, Iterable, Mapping
 
 import pluggy
@@ -11,14 +12,12 @@ import pluggy
 from leaf_plugins.core.batch import PER_TOKEN_FIELDS, RolloutBatch
 from leaf_plugins.core.errors import ConfigError, suggest
 from leaf_plugins.core.finite import check_finite
-from leaf_plugins.core.hookspecs import PROJECT, LeafSpecs, hookimpl
+from leaf_plugins.core.hookspecs import ESTIMATOR_STAGES, OBSERVER_HOOKS, PROJECT, LeafSpecs, hookimpl, hookimpls_of
 from leaf_plugins.core.parameters import ParameterSchema
-from leaf_plugins.core.plugins import ESTIMATOR_STAGES, SPANS, PluginHost, estimator_problems, get_estimator_host
+from leaf_plugins.core.plugins import PluginHost, estimator_problems, get_estimator_host
 from leaf_plugins.core.tree import Boundaries, EstimateResult, Nodes, root_only_nodes
 
-__all__ = ["Engine", "estimate", "parameter_schema", "declared_requires", "STAGES", "EstimatorDefaults"]
-
-STAGES = ESTIMATOR_STAGES
+__all__ = ["Engine", "estimate", "parameter_schema", "declared_requires", "EstimatorDefaults", "observer_view"]
 
 
 class EstimatorDefaults:
@@ -43,8 +42,8 @@ def declared_requires(estimator: object) -> dict[str, tuple[str, ...]] | None:
     if requires is None:
         return None
     if isinstance(requires, Mapping):
-        return {stage: tuple(requires.get(stage, ())) for stage in STAGES}
-    return {stage: tuple(requires) for stage in STAGES}
+        return {stage: tuple(requires.get(stage, ())) for stage in ESTIMATOR_STAGES}
+    return {stage: tuple(requires) for stage in ESTIMATOR_STAGES}
 
 
 class Engine:
@@ -53,10 +52,11 @@ class Engine:
 
     ``requires`` is what the run's stages read of the batch's optional per-token fields
     (a producer computes these and may skip the others; an estimator that does not declare
-    ``requires`` is given every built-in one, ``PER_TOKEN_FIELDS``); ``spans`` is
-    ``"call"`` when an involved estimator learns from the whole call, else ``"group"``;
-    ``required_by`` maps each field an estimator declared to the estimator and stage that
-    read it: ``estimate`` refuses a batch without one of them.
+    ``requires`` is given every built-in one, ``PER_TOKEN_FIELDS``); ``required_by`` maps
+    each field an estimator declared to the estimator and stage that read it: ``estimate``
+    refuses a batch without one of them. ``observers`` receive the observer hooks
+    (``on_estimate``, ``on_step_end``) and no other: a hook of theirs that could change
+    the run is not called, with a warning naming it.
     """
 
     def __init__(
@@ -84,14 +84,13 @@ class Engine:
             override = _stage_override(stage, host.estimators.get(source), instances[source])
             self.manager.register(override, name=f"stage:{stage}:{source}")
         runs = {stage: (borrowed[stage], host.estimators.get(borrowed[stage])) if stage in borrowed
-                else (estimator, main) if hasattr(main, stage) else None for stage in STAGES}  # who runs each stage
+                else (estimator, main) if hasattr(main, stage) else None
+                for stage in ESTIMATOR_STAGES}  # who runs each stage
         if any(provider is None for provider in runs.values()):
             self.manager.register(EstimatorDefaults(), name="defaults")
         self.required_by, self.requires = _requirements(runs)  # field -> (estimator, stage) that declared it
-        self.spans = _spans({estimator: main, **{source: host.estimators.get(source) for source in borrowed.values()}},
-                            instances)
         for index, observer in enumerate(observers):
-            self.manager.register(observer, name=f"observer:{index}:{type(observer).__name__}")
+            self.manager.register(observer_view(observer), name=f"observer:{index}:{type(observer).__name__}")
         self.manager.check_pending()
 
     def estimate(self, batch: RolloutBatch) -> EstimateResult:
@@ -164,18 +163,34 @@ def _requirements(runs: Mapping[str, tuple[str, object] | None]) -> tuple[dict[s
     return checks, tuple(ordered)
 
 
-def _spans(estimators: Mapping[str, object], instances: Mapping[str, object]) -> str:
-    """``"call"`` when one of ``estimators`` (name -> object) spans the call with its
-    parameters (``instances``: name -> its parameter dataclass instance), else
-    ``"group"``; an estimator that does not declare ``spans`` is taken to span the call."""
-    for name, estimator in estimators.items():
-        spans = getattr(estimator, "spans", "call")
-        value = spans(instances[name]) if callable(spans) else spans
-        if value not in SPANS:
-            raise ConfigError(f"estimator {name!r}: spans must give 'group' or 'call', got {value!r}")
-        if value == "call":
-            return "call"
-    return "group"
+def observer_view(observer: object) -> object:
+    """A plugin object with ``observer``'s observer hooks (``OBSERVER_HOOKS``) and no
+    other; a hook it implements besides those is left out with a warning naming it."""
+    marker = pluggy.HookimplMarker(PROJECT)
+    view = type(f"observer_{type(observer).__name__}", (), {"__doc__": getattr(observer, "__doc__", None)})()
+    ignored = []
+    for attribute, hook, options in hookimpls_of(observer):
+        if hook in OBSERVER_HOOKS:
+            setattr(view, attribute, marker(**options)(_forwarding(getattr(observer, attribute))))
+        elif not hook.startswith("register_"):
+            ignored.append(hook)
+    if ignored:
+        warnings.warn(f"{type(observer).__name__} observes the run (it was passed in code, not named in the run "
+                      f"config's plugins:): it receives {' and '.join(OBSERVER_HOOKS)} alone, and its "
+                      f"{', '.join(sorted(ignored))} {'is' if len(ignored) == 1 else 'are'} not called. Name it in "
+                      f"plugins: to use {'it' if len(ignored) == 1 else 'them'}", UserWarning, stacklevel=3)
+    return view
+
+
+def _forwarding(method: Any) -> Any:
+    """A function calling the bound ``method`` (a hook marker cannot be set on a method);
+    pluggy reads the argument names through it."""
+
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return method(*args, **kwargs)
+
+    return call
 
 
 def _borrowed_stages(stages: Mapping[str, str] | None, host: PluginHost) -> dict[str, str]:
@@ -184,8 +199,8 @@ def _borrowed_stages(stages: Mapping[str, str] | None, host: PluginHost) -> dict
     if stages is not None and not isinstance(stages, Mapping):
         raise ConfigError(f"estimator stages must be a mapping of stage: estimator, got {stages!r}")
     for stage, source in (stages or {}).items():
-        if stage not in STAGES:
-            raise ConfigError(f"unknown estimator stage {stage!r}.{suggest(str(stage), STAGES)} Stages: {', '.join(STAGES)}")
+        if stage not in ESTIMATOR_STAGES:
+            raise ConfigError(f"unknown estimator stage {stage!r}.{suggest(str(stage), ESTIMATOR_STAGES)} Stages: {', '.join(ESTIMATOR_STAGES)}")
         if not hasattr(host.estimators.get(source), stage):
             raise ConfigError(f"estimator {source!r} does not implement stage {stage!r} (without it an estimator "
                               "gets the default: no boundaries, root-only nodes): borrow it from one that does")

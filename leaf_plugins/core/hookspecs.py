@@ -9,11 +9,14 @@ script loads alone, so that ``leaf --help`` imports no model code). They collect
 a ``register`` callback, so the host owns the registries and can reject duplicate names.
 
 *Run-time hooks* are called on a fresh per-run plugin manager that holds exactly one
-estimator, the trainer's default stages, and the plugins the run config names in
-``plugins:`` (an installed plugin is used only when named). The stage hooks are
-``firstresult``: they stop at the first non-None result; a named plugin's implementation
-comes before the built-in stage, and of two named plugins the one named first. ``on_*``
-observer hooks return nothing and are called on every plugin that implements them.
+estimator (its stages, ``ESTIMATOR_STAGES``, and nothing else), the trainer's default
+stages, and the plugins the run config names in ``plugins:`` (an installed plugin is
+used only when named): they alone receive the training-stage and lifecycle hooks
+(``RUN_HOOKS``). Objects handed to ``Trainer(plugins=[...])`` in code receive the
+observer hooks alone (``OBSERVER_HOOKS``). The stage hooks are ``firstresult``: they
+stop at the first non-None result; a named plugin's implementation comes before the
+built-in stage, and of two named plugins the one named first. ``on_*`` observer hooks
+return nothing and are called on every plugin that implements them.
 
 A plugin is a module or an object whose methods are decorated with
 ``leaf_plugins.hookimpl`` and named exactly as below.
@@ -33,11 +36,42 @@ if TYPE_CHECKING:
     from leaf_plugins.core.stages import PolicyLoss, Rollout, StepContext
     from leaf_plugins.core.tree import Boundaries, EstimateResult, Nodes
 
-__all__ = ["PROJECT", "hookspec", "hookimpl", "LeafSpecs"]
+__all__ = ["PROJECT", "hookspec", "hookimpl", "LeafSpecs", "ESTIMATOR_STAGES", "OBSERVER_HOOKS", "LIFECYCLE_HOOKS",
+           "RUN_HOOKS", "hookimpls_of"]
 
 PROJECT = "leaf_plugins"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
+
+ESTIMATOR_STAGES = ("select_boundaries", "retain_nodes", "compute_advantages")
+"""The estimator stages, in the order a call runs them; only ``compute_advantages`` is
+required (the engine supplies no boundaries and root-only nodes for the others). An
+estimator implements these and no other hook."""
+
+OBSERVER_HOOKS = ("on_step_end", "on_estimate")
+"""The hooks that observe a run without changing it."""
+
+LIFECYCLE_HOOKS = ("on_run_start", "on_run_end", "on_optimizer_step", "save_plugin_state", "load_plugin_state")
+"""The hooks around a run: its start and end, each optimizer step, the plugin's state in
+each checkpoint."""
+
+RUN_HOOKS = ("rollout", "score_rollouts", "compute_loss", *OBSERVER_HOOKS, *LIFECYCLE_HOOKS)
+"""The hooks a plugin named in a run config's ``plugins:`` may implement."""
+
+
+def hookimpls_of(plugin: object) -> list[tuple[str, str, dict[str, Any]]]:
+    """``(attribute, hook name, options)`` of every ``hookimpl`` of ``plugin`` (the hook
+    name is the ``specname`` where one is given), in attribute order."""
+    reader = pluggy.PluginManager(PROJECT)
+    found = []
+    for attribute in dir(plugin):
+        try:
+            options = reader.parse_hookimpl_opts(plugin, attribute)
+        except Exception:  # an attribute that cannot be read is not a hook
+            continue
+        if options is not None:
+            found.append((attribute, options.get("specname") or attribute, dict(options)))
+    return found
 
 
 class LeafSpecs:
@@ -54,17 +88,18 @@ class LeafSpecs:
             boundaries) and ``retain_nodes`` (default: root-only nodes,
             ``leaf_plugins.core.tree.root_only_nodes``), and whose docstring's first line
             describes it in ``leaf plugins``. An estimator without
-            ``compute_advantages``, or with a stage attribute that is not a ``hookimpl``,
-            is refused here, naming it and its package.
+            ``compute_advantages``, with a stage attribute that is not a ``hookimpl``, or
+            that implements any other run-time hook (a loss, a rollout, a lifecycle or
+            observer hook: those belong to a stage plugin named in ``plugins:``), is
+            refused here, naming it and its package.
 
         ``requires`` (optional) names the optional per-token fields of ``RolloutBatch`` it
         reads: a tuple (``("logprobs", "sum_pi_squared")``, for every stage) or a mapping
         stage -> tuple; names are ``surprisal``, ``logprobs``, ``sum_pi_squared`` or the
         name of a ``RolloutBatch.extra`` field. Producers compute what ``Engine.requires``
         lists (every built-in field for an estimator that declares nothing) and the engine
-        refuses a batch without a declared field. ``spans`` (optional) is ``"group"``
-        (a group's advantages depend on that group alone), ``"call"`` (they learn from
-        the whole call; the default) or a method ``spans(params)`` returning one.
+        refuses a batch without a declared field; a run whose rollout backend cannot
+        produce a declared field is refused before its model loads.
 
         The estimator declares its parameters as ``parameters = SomeParams``: a
         (preferably frozen) ``@dataclass`` class whose fields are the parameters, each
@@ -75,9 +110,9 @@ class LeafSpecs:
         type hints (``int``, ``float``, ``bool``, ``str``, ``Literal[...]``, unions and
         ``Optional`` of these), refuses a name the dataclass does not declare with a
         did-you-mean, then builds the dataclass; its ``__post_init__`` may check more
-        and raise ``ValueError`` with a message naming the parameter. An estimator
-        without ``parameters`` (or with an empty set) works, with a
-        ``DeprecationWarning``; a set of names is refused.
+        and raise ``ValueError`` with a message naming the parameter. Every stage call
+        receives the instance as ``params``. An estimator without ``parameters`` takes
+        none; anything but a dataclass class is refused.
         """
 
     @hookspec
@@ -94,7 +129,11 @@ class LeafSpecs:
         reward scores the responses against them).
 
         :param register: call ``register(name, task)`` once per task, where ``task``
-            follows ``leaf_plugins.core.task.Task``.
+            follows ``leaf_plugins.core.task.Task``. A task that takes options (local
+            paths, sizes: ``task.options`` in a run config) declares them as its
+            parameters, like every plugin (``leaf_plugins.parameterised``); one that
+            declares ``parameters`` with no ``with_parameters`` to build them is refused
+            here, naming it and its package.
         """
 
     @hookspec
@@ -103,7 +142,10 @@ class LeafSpecs:
 
         :param register: call ``register(name, reward)`` once per reward, where
             ``reward(predictions: list[str], references: list[str]) -> list[float]``
-            scores each prediction against its reference.
+            scores each prediction against its reference. A reward with parameters
+            (``reward_params`` in a run config), a function or a class, declares them
+            with ``leaf_plugins.parameterised``; one that declares ``parameters`` with no
+            ``with_parameters`` to build them is refused here, naming it and its package.
         """
 
     @hookspec
@@ -131,13 +173,26 @@ class LeafSpecs:
                 ``batch.vocab_size`` the logits' width; ``batch.group_ids [N]`` the
                 request's ids; rewards 0; ``prompt_index [N]`` int64 the prompt of each
                 row; ``texts`` the decoded responses (special tokens skipped). Padding
-                positions hold 0 in the float fields.
+                positions hold 0 in the float fields. ``request.computes(name)`` says
+                whether to compute the optional per-token statistic ``name``.
 
             ``unsupported_reason(model) -> str | None`` (optional)
                 Why the backend cannot sample from ``model`` (a sentence naming what is
                 unsupported), or None when it can. Asked before a run starts: a run config
                 that names an unsupported backend is refused with this reason. Without
                 this method the backend supports every model.
+
+            ``produces`` (optional)
+                The optional per-token fields it can compute beyond ``surprisal`` and
+                ``logprobs``: ``sum_pi_squared`` and the names of the
+                ``RolloutBatch.extra`` fields it adds (it computes those of them that
+                ``request.fields`` names). Without it: ``("sum_pi_squared",)``. A run
+                whose estimator requires a field its backend does not produce is refused
+                before its model loads, naming both.
+
+            ``parameters`` and ``with_parameters`` (optional)
+                Its parameters (``rollout.backend_params``), declared as every plugin's
+                (``leaf_plugins.parameterised``).
 
             and a docstring whose first line describes it in ``leaf plugins``. With
             ``rollout.backend`` unset the built-in default applies (``static`` where it
@@ -254,16 +309,22 @@ class LeafSpecs:
         context: StepContext,
         logprobs: torch.Tensor,
         old_logprobs: torch.Tensor,
-        reference_logprobs: torch.Tensor,
+        reference_logprobs: torch.Tensor | None,
         advantages: torch.Tensor,
         mask: torch.Tensor,
         weights: torch.Tensor,
+        entropy: torch.Tensor,
+        correction: torch.Tensor | None,
     ) -> PolicyLoss | None:
         """The loss of one micro-batch (all ``[M, T]``: log π_θ (differentiable), log π_old
-        (the rollout's, or the detached log π_θ with ``optim.old_logprobs: teacher_forced``),
-        log π_ref, advantages, the bool mask of response tokens, and each token's weight
-        in the step's loss, normalised over the whole step as ``optim.loss_aggregation``
-        says: a micro-batch's loss is its share, and the step's gradient is their sum).
+        (the rollout's, or the trainer's teacher-forced log π at the step's start with
+        ``optim.old_logprobs: teacher_forced`` or a rollout correction), log π_ref (None
+        where no reference pass ran: ``optim.kl_coefficient`` 0), advantages, the bool
+        mask of response tokens, each token's weight in the step's loss, normalised over
+        the whole step as ``optim.loss_aggregation`` says (a micro-batch's loss is its
+        share, and the step's gradient is their sum), the policy's entropy at each token
+        (differentiable), and the rollout correction's weight of each token (None without
+        ``optim.rollout_correction``). An implementation takes the arguments it names.
 
         :return: a ``PolicyLoss`` whose ``loss`` is back-propagated.
 

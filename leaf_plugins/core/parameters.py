@@ -1,16 +1,28 @@
-"""Estimator parameters: each estimator declares its own dataclass; core validates it.
+"""Plugin parameters: every kind of plugin declares its own dataclass; core validates it.
 
-An estimator exposes ``parameters = SomeParams``, a (preferably frozen) dataclass class.
+A plugin (an estimator, a reward, a rollout backend, a task, a stage plugin) that takes
+parameters exposes ``parameters = SomeParams``, a (preferably frozen) dataclass class.
 Its fields are the schema: the type hints say what a value must be, the defaults what
 it is when not given, ``field(..., metadata={"help": "..."})`` what it means (``leaf
 plugins`` lists all three). ``__post_init__`` may check more (a range, a combination)
-and raise ``ValueError`` (or ``ConfigError``) with a message naming the parameter.
+and raise ``ValueError`` (or ``ConfigError``) with a message naming the parameter. A
+plugin without ``parameters`` takes none (``NoParameters`` says so explicitly).
+
+How a run gets the plugin with its parameters is one protocol: an estimator receives
+the instance of its dataclass as ``params`` in every stage call (estimators are
+stateless stages); every other kind is built once per run by its own
+``with_parameters(params)``, which returns what the run uses (a new instance, or a
+function with the parameters bound). ``@parameterised(Params)`` gives a class (built as
+``Class(params)``) or a function (called with ``params=...``) both attributes; an
+instance may define ``with_parameters`` itself to keep its own state. A plugin that
+declares ``parameters`` without ``with_parameters`` is refused when it registers
+(``parameters_problem``).
 
 Core checks every value generically against the type hints: ``int`` (not a bool),
 ``float`` (an int is accepted and converted; NaN is not), ``bool``, ``str``,
 ``Literal[...]``, ``None``, unions of these (``float | Literal["auto"]``,
 ``int | None``), ``list[X]``, ``dict``, ``Any``. Each problem names the parameter, what
-it must be and what it got; a key no involved estimator declares is refused with a
+it must be and what it got; a key no involved plugin declares is refused with a
 did-you-mean.
 
 A stage borrowed through ``stages`` (``{"select_boundaries": "collision"}``) receives
@@ -24,20 +36,21 @@ same to both).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
-import warnings
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal, Mapping
+from typing import Any, Callable, Iterable, Literal, Mapping, TypeVar
 
 from leaf_plugins.core.config import key_location
 from leaf_plugins.core.errors import ConfigError, suggest
 
 __all__ = ["NoParameters", "Parameter", "ParameterSchema", "Problem", "parameters_class", "parameter_list",
            "describe_type", "check_value", "declared_parameters", "parameter_problems", "located_parameter_problems",
-           "built_parameters", "with_parameters", "configured"]
+           "built_parameters", "configured", "parameterised", "parameters_problem"]
 
+Plugin = TypeVar("Plugin")
 
 
 @dataclass(frozen=True)
@@ -77,30 +90,11 @@ class Parameter:
 
 
 def parameters_class(name: str, estimator: object) -> type:
-    """The parameter dataclass that estimator ``name`` declares as ``parameters``.
+    """The parameter dataclass that estimator ``name`` declares as ``parameters``
+    (``NoParameters`` when it declares none).
 
-    An estimator without ``parameters``, or with an empty set of names, gets
-    ``NoParameters`` and a ``DeprecationWarning`` saying what to write; a non-empty set
-    of names (the former contract) or anything else that is not a dataclass class is a
-    ``ConfigError`` saying how to declare one."""
-    declared = getattr(estimator, "parameters", None)
-    if declared is None or (isinstance(declared, (set, frozenset, tuple, list)) and not declared):
-        warnings.warn(
-            f"estimator {name!r} ({type(estimator).__name__}) declares no parameter dataclass: give it "
-            "`parameters = NoParameters` (from leaf_plugins) when it has no parameter, or "
-            "`parameters = MyParams`, a @dataclass whose fields are its parameters",
-            DeprecationWarning, stacklevel=3)
-        return NoParameters
-    if isinstance(declared, (set, frozenset, tuple, list)):
-        listed = ", ".join(sorted(map(str, declared)))
-        raise ConfigError(
-            f"estimator {name!r} declares its parameters as names ({listed}); declare a dataclass instead: "
-            f"`@dataclass(frozen=True) class Params: {sorted(map(str, declared))[0]}: <type> = <default>` "
-            f"(one field per parameter, with field(default=..., metadata={{'help': ...}}) for its help) and "
-            f"`parameters = Params` on the estimator")
-    if not (isinstance(declared, type) and dataclasses.is_dataclass(declared)):
-        raise ConfigError(f"estimator {name!r}: `parameters` must be a @dataclass class, got {declared!r}")
-    return declared
+    :raises ConfigError: ``parameters`` is there but not a ``@dataclass`` class."""
+    return declared_parameters("estimator", name, estimator) or NoParameters
 
 
 def parameter_list(cls: type, owner: str = "") -> list[Parameter]:
@@ -236,16 +230,59 @@ class ParameterSchema:
 
 
 def declared_parameters(kind: str, name: str, obj: object) -> type | None:
-    """The parameter dataclass that ``obj`` (a registered reward, task, rollout backend
-    or a named stage plugin) declares as ``parameters``, or None when it declares none.
+    """The parameter dataclass that ``obj`` (a registered estimator, reward, task, rollout
+    backend or a named stage plugin) declares as ``parameters``, or None when it
+    declares none.
 
     :raises ConfigError: ``parameters`` is there but not a ``@dataclass`` class."""
     declared = getattr(obj, "parameters", None)
     if declared is None:
         return None
     if not (isinstance(declared, type) and dataclasses.is_dataclass(declared)):
-        raise ConfigError(f"{kind} {name!r}: `parameters` must be a @dataclass class, got {declared!r}")
+        raise ConfigError(f"{kind} {name!r}: `parameters` must be a @dataclass class whose fields are its parameters "
+                          f"(`@dataclass(frozen=True) class Params: ...`; `parameters = Params`), got {declared!r}")
     return declared
+
+
+def parameters_problem(kind: str, obj: object) -> str | None:
+    """What keeps ``obj``, a plugin of ``kind`` being registered, from being built with
+    its parameters (None: nothing): ``parameters`` that is not a dataclass, or, for any
+    kind but an estimator, ``parameters`` without a ``with_parameters`` to build it."""
+    declared = getattr(obj, "parameters", None)
+    if declared is not None and not (isinstance(declared, type) and dataclasses.is_dataclass(declared)):
+        return f"`parameters` must be a @dataclass class whose fields are its parameters, got {declared!r}"
+    if declared is None or kind == "estimator" or callable(getattr(obj, "with_parameters", None)):
+        return None
+    return (f"it declares `parameters = {declared.__name__}` but no `with_parameters(params)` to build it: "
+            f"decorate it with @parameterised({declared.__name__}) (a class built as Class(params), or a function "
+            f"called with params=...), or give it a with_parameters method")
+
+
+def parameterised(parameters: type) -> Callable[[Plugin], Plugin]:
+    """Declare the parameters of a plugin class or function (a reward, a rollout
+    backend, a task, a stage plugin): ``parameters`` is the dataclass, and
+    ``with_parameters(params)`` builds what a run uses, ``Class(params)`` for a class
+    and, for a function, the function with ``params`` bound as a keyword argument.
+
+    ``@parameterised(BonusParams)`` above ``def bonus(predictions, references, params)``
+    makes a reward with parameters; above ``class Scorer`` whose ``__init__`` takes the
+    ``params`` instance, a class built with them (a ``with_parameters`` the class
+    defines itself is kept)."""
+    if not (isinstance(parameters, type) and dataclasses.is_dataclass(parameters)):
+        raise TypeError(f"parameterised takes a @dataclass class, got {parameters!r}")
+
+    def declare(plugin: Plugin) -> Plugin:
+        target: Any = plugin
+        target.parameters = parameters
+        if isinstance(plugin, type):
+            if "with_parameters" not in vars(plugin):
+                target.with_parameters = classmethod(lambda cls, params: cls(params))
+        else:
+            target.with_parameters = lambda params: functools.update_wrapper(
+                functools.partial(plugin, params=params), plugin)
+        return plugin
+
+    return declare
 
 
 def parameter_problems(kind: str, name: str, obj: object, values: Mapping[str, Any]) -> list[Problem]:
@@ -298,26 +335,21 @@ def built_parameters(kind: str, name: str, obj: object, values: Mapping[str, Any
     return ParameterSchema({name: declared}, kind).build(values)[name]
 
 
-def with_parameters(obj: object, params: Any) -> Any:
-    """``obj`` itself when ``params`` is None; else ``obj`` (a class) or its class (an
-    instance) called with ``params``, so a registered instance stands for its class."""
-    if params is None:
-        return obj
-    return (obj if isinstance(obj, type) else type(obj))(params)
-
-
 def configured(kind: str, name: str, obj: object, values: Mapping[str, Any] | None = None) -> Any:
-    """What a run uses of the registered (or named) ``obj``, given the parameters ``values``.
-
-    ``obj`` declaring ``parameters = Params``: a class is called with the ``Params``
-    instance built from ``values`` (``obj(params)``); an instance is rebuilt by its class
-    the same way (``type(obj)(params)``), so a registered instance stands for its class
-    with the default parameters. ``obj`` declaring none: ``obj`` itself, and any value
-    is an error.
+    """What a run uses of the registered (or named) ``obj``, given the parameters
+    ``values``: ``obj.with_parameters(params)`` with the instance of its ``parameters``
+    dataclass built from ``values`` (defaults included when ``values`` is empty); ``obj``
+    itself when it declares none, and then any value is an error.
 
     :raises ConfigError: every problem of ``values`` at once, naming ``kind`` and ``name``.
     """
-    return with_parameters(obj, built_parameters(kind, name, obj, values))
+    params = built_parameters(kind, name, obj, values)
+    if params is None:
+        return obj
+    build = getattr(obj, "with_parameters", None)
+    if not callable(build):
+        raise ConfigError(f"{kind} {name!r}: {parameters_problem(kind, obj)}")
+    return build(params)
 
 
 def _key(default: Any) -> Any:

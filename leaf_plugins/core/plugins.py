@@ -23,13 +23,14 @@ from typing import Any, Callable, Iterable, Mapping
 import pluggy
 
 from leaf_plugins.core.errors import LeafError, PluginLoadError, UnknownNameError
-from leaf_plugins.core.hookspecs import PROJECT, LeafSpecs
+from leaf_plugins.core.hookspecs import ESTIMATOR_STAGES, PROJECT, RUN_HOOKS, LeafSpecs
 from leaf_plugins.core.interrupts import received
+from leaf_plugins.core.parameters import parameters_problem
 from leaf_plugins.core.registry import Entry, Registry
 
 __all__ = ["PluginHost", "LoadedPlugin", "get_host", "get_estimator_host", "discover_commands", "STRICT_ENV",
            "PluginWarning", "KINDS", "COMMAND_GROUP", "BUILTIN_KINDS", "TRAIN_EXTRA", "training_stack_missing",
-           "ESTIMATOR_STAGES", "SPANS", "estimator_problems", "EstimatorRegistry"]
+           "estimator_problems", "EstimatorRegistry"]
 
 STRICT_ENV = "LEAF_PLUGINS_STRICT"
 BUILTIN_DISTRIBUTION = "leaf-plugins"
@@ -57,13 +58,6 @@ TRAIN_MODULES = frozenset({"transformers", "peft", "accelerate", "datasets", "sa
 """Top-level modules of the ``train`` extra (and theirs): a built-in plugin that cannot import
 one of them says to install the extra."""
 
-
-ESTIMATOR_STAGES = ("select_boundaries", "retain_nodes", "compute_advantages")
-"""The estimator stages, in the order a call runs them; only ``compute_advantages`` is
-required (the engine supplies no boundaries and root-only nodes for the others)."""
-
-SPANS = ("group", "call")
-"""What an estimator's advantages of a group may depend on: that group alone, or the call."""
 
 _ALWAYS_PRESENT = ("tokens", "lengths", "group_ids", "rewards", "vocab_size", "extra")
 """Fields of every ``RolloutBatch`` (``requires`` names only the optional per-token ones)."""
@@ -140,8 +134,7 @@ class PluginHost:
                 registry = host.registries[kind]
                 loaded = host.loaded.get(impl.plugin_name)
                 origin = loaded.distribution if loaded else impl.plugin_name
-                register = (host._estimator_register(registry, origin, impl.plugin_name, strict)
-                            if isinstance(registry, EstimatorRegistry) else _register_into(registry, origin))
+                register = host._checked_register(kind, registry, origin, impl.plugin_name, strict)
                 host._guard(impl.plugin_name, strict, lambda: impl.function(register=register))
         return host
 
@@ -150,19 +143,24 @@ class PluginHost:
         manager.check_pending()
         self.loaded[name] = LoadedPlugin(name, origin, plugin)
 
-    def _estimator_register(self, registry: EstimatorRegistry, origin: str, plugin: str,
-                            strict: bool) -> Callable[[str, Any], None]:
-        """``register`` of the estimator registry: an estimator that cannot run
-        (``estimator_problems``) is refused, naming it and its package; the plugin's other
-        estimators are registered. Fatal under ``strict``, a warning otherwise."""
+    def _checked_register(self, kind: str, registry: Registry[Any], origin: str, plugin: str,
+                          strict: bool) -> Callable[[str, Any], None]:
+        """``register`` of a registry of ``kind``: a value that cannot work (an estimator's
+        ``estimator_problems``, any plugin's ``parameters_problem``) is refused, naming it
+        and its package; the plugin's other registrations go ahead. Fatal under
+        ``strict``, a warning otherwise. The estimator registry remembers why it refused."""
 
         def register(name: str, value: Any) -> None:
-            problems = estimator_problems(value)
+            problems = estimator_problems(value) if kind == "estimator" else []
+            if kind not in ("estimator", "command"):
+                problems += [problem for problem in [parameters_problem(kind, value)] if problem]
             if not problems or name in registry:  # a second registration of a name: the duplicate error
                 registry.add(name, value, origin)
                 return
-            message = f"estimator {name!r} from {origin} cannot run: {'; '.join(problems)}"
-            registry.refused[name] = message
+            what = "cannot run" if kind == "estimator" else "cannot be used"
+            message = f"{kind.replace('_', ' ')} {name!r} from {origin} {what}: {'; '.join(problems)}"
+            if isinstance(registry, EstimatorRegistry):
+                registry.refused[name] = message
             if strict:
                 raise PluginLoadError(message)
             self._report(plugin, message)
@@ -214,10 +212,18 @@ class EstimatorRegistry(Registry[Any]):
 
 def estimator_problems(estimator: object) -> list[str]:
     """Why ``estimator`` cannot run (empty when it can): it must implement
-    ``compute_advantages``; every stage attribute it has must be a ``hookimpl``; its
-    ``requires`` (optional) names per-token fields, for every stage or per stage; its
-    ``spans`` (optional) is ``"group"``, ``"call"`` or a method of the parameters."""
+    ``compute_advantages``; every stage attribute it has must be a ``hookimpl``; it
+    implements no other run-time hook (a loss, a rollout, an observer or lifecycle hook:
+    those belong to a stage plugin a run config names); its ``parameters`` (optional) is
+    a dataclass; its ``requires`` (optional) names per-token fields, for every stage or
+    per stage."""
     problems = []
+    others = sorted(hook for hook in RUN_HOOKS if getattr(getattr(estimator, hook, None), f"{PROJECT}_impl", None))
+    if others:
+        problems.append(f"it implements {', '.join(others)}, which an estimator does not (it implements the "
+                        f"estimator stages {', '.join(ESTIMATOR_STAGES)} alone): put {'them' if len(others) > 1 else 'it'}"
+                        f" in a stage plugin that a run names in plugins:")
+    problems += [problem for problem in [parameters_problem("estimator", estimator)] if problem]
     for stage in ESTIMATOR_STAGES:
         impl = getattr(estimator, stage, None)
         if impl is None:
@@ -240,9 +246,6 @@ def estimator_problems(estimator: object) -> list[str]:
                 problems.append(f"its requires ({stage}) names a field every batch has "
                                 f"({', '.join(n for n in names if n in _ALWAYS_PRESENT)}): "
                                 "name only optional per-token fields")
-    spans = getattr(estimator, "spans", None)
-    if spans is not None and not callable(spans) and spans not in SPANS:
-        problems.append(f"its spans must be 'group', 'call' or a method spans(params) returning one, got {spans!r}")
     return problems
 
 
@@ -252,13 +255,6 @@ def training_stack_missing(error: BaseException) -> str | None:
     if isinstance(error, ModuleNotFoundError) and (error.name or "").split(".")[0] in TRAIN_MODULES:
         return f"{error}: this needs the training stack, which is not installed: {TRAIN_EXTRA}"
     return None
-
-
-def _register_into(registry: Registry[Any], origin: str) -> Callable[[str, Any], None]:
-    def register(name: str, value: Any) -> None:
-        registry.add(name, value, origin)
-
-    return register
 
 
 def _plugin_sources(group: str = PROJECT, kinds: set[str] | None = None) -> list[tuple[str, str, Callable[[], object]]]:

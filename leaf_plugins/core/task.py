@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Iterator, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import numpy as np
@@ -30,7 +30,8 @@ class Task(Protocol):
     """A registered task (``register_tasks``); the run's ``reward`` scores its responses
     against the examples' references."""
 
-    def load(self, split: str, **options: Any) -> "list[Example] | Iterator[Example]":
-        """Examples of ``split`` (one of ``SPLITS``). ``options`` come from the run config
-        (local paths, hub id, limits); unknown options are an error."""
+    def load(self, split: str) -> "list[Example] | Iterator[Example]":
+        """Examples of ``split`` (one of ``SPLITS``). A task's options (``task.options``:
+        local paths, hub id, limits) are its declared ``parameters``, given when it is
+        built (``with_parameters``)."""
         ...

@@ -29,10 +29,6 @@ class LEAF:
     parameters = LeafParams
     requires = {"select_boundaries": ("surprisal",)}  # the span credit reads tokens and rewards only
 
-    def spans(self, params: SpanCreditParams) -> str:
-        """``call`` under ``normalize: batch`` (one z-score over the whole call), else ``group``."""
-        return "call" if params.normalize == "batch" else "group"
-
     @hookimpl
     def select_boundaries(self, batch: RolloutBatch, params: LeafParams) -> Boundaries:
         return Boundaries(surprisal_boundaries(batch, params.fork_budget, params.horizon))

@@ -28,7 +28,6 @@ class OTB:
 
     parameters = NoParameters
     requires = {"compute_advantages": ("logprobs", "sum_pi_squared")}  # the path-variance weights
-    spans = "group"
 
     # no boundaries and root-only nodes: GRPO's stages
     select_boundaries = GRPO.select_boundaries

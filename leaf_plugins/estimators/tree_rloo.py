@@ -21,10 +21,6 @@ class TreeRLOO(LEAF):
 
     parameters = TreeRLOOParams  # requires: LEAF's (surprisal for its boundaries)
 
-    def spans(self, params: TreeRLOOParams) -> str:
-        """``call`` when a value reads the other groups (``shrink: auto``, ``scale: batch_std``), else ``group``."""
-        return "call" if params.shrink == "auto" or params.scale == "batch_std" else "group"
-
     @hookimpl
     def compute_advantages(self, batch: RolloutBatch, nodes: Nodes, params: TreeRLOOParams) -> torch.Tensor:
         baselines = path_baselines(batch, nodes, node_shrink(batch, nodes, params))

@@ -1,5 +1,6 @@
-"""Evaluation: text metrics, tail risk with bootstrap CIs, absolute LLM judges (GEMBA-DA,
-Likert), pairwise A/B judging, the master-table report."""
+"""Evaluation: sampled decoding of a run (``sampling``; ``fresh_sampling``: scored rollout
+groups for a forkability analysis), text metrics, tail risk with bootstrap CIs, absolute
+LLM judges (GEMBA-DA, Likert), pairwise A/B judging, the master-table report."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from leaf_plugins.evaluation.grading import PROTOCOLS, Grades, grade, read_item_
 from leaf_plugins.evaluation.grading_parse import Parsed, parse_da, parse_likert
 from leaf_plugins.evaluation.grading_prompts import GradeItem
 from leaf_plugins.evaluation.judge import JudgeRun, PairItem, judge_pairs
-from leaf_plugins.evaluation.judge_model import JudgeModel, load_judge
+from leaf_plugins.evaluation.judge_model import JudgeDecoding, JudgeModel, load_judge
 from leaf_plugins.evaluation.pairwise import PairwiseSummary, pair_outcomes, parse_verdict, summarize_pairs
 from leaf_plugins.evaluation.tail_risk import Estimate, bootstrap, cvar, fraction_below, tail_risk_report
 from leaf_plugins.evaluation.text_metrics import METRICS, RunAverage, Unavailable, average_runs, evaluate_texts
@@ -17,6 +18,7 @@ __all__ = [
     "Estimate",
     "GradeItem",
     "Grades",
+    "JudgeDecoding",
     "JudgeModel",
     "PROTOCOLS",
     "Parsed",

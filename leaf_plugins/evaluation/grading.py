@@ -1,10 +1,10 @@
 """Absolute grading of prediction files by an LLM judge: GEMBA-DA 0–100 and Likert 1–5.
 
 ``grade`` builds each item's prompt (``grading_prompts``), asks the judge for N samples
-per item (``JudgeModel.generate``: chat template when the model has one, batches, a
-progress bar), parses every output (``grading_parse``) and keeps all of it: the raw
-outputs, each parsed score or the reason it did not parse, and per item the mean of the
-parsed scores (None when none parsed). Nothing unparsable is dropped silently or read as 0:
+per item (``JudgeModel.generate`` with the protocol's ``JudgeDecoding`` or the caller's:
+chat template when the model has one, batches, a progress bar), parses every output
+(``grading_parse``) and keeps all of it: the raw outputs, each parsed score or the reason
+it did not parse, and per item the mean of the parsed scores (None when none parsed). Nothing unparsable is dropped silently or read as 0:
 ``Grades.counts`` says how many outputs failed and why.
 
 ``write_grades`` writes ``<protocol>_items.csv`` (one row per item: the score, how many
@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 from leaf_plugins.core.errors import ConfigError, suggest
 from leaf_plugins.evaluation.grading_parse import PROBLEMS, Parsed, parse_da, parse_likert
 from leaf_plugins.evaluation.grading_prompts import LIKERT_SYSTEM, GradeItem, da_prompt, likert_prompt
-from leaf_plugins.evaluation.judge_model import JudgeModel
+from leaf_plugins.evaluation.judge_model import JudgeDecoding, JudgeModel
 from leaf_plugins.evaluation.predictions import PredictionFile
 from leaf_plugins.evaluation.tail_risk import Estimate, bootstrap, mean
 
@@ -36,27 +36,26 @@ __all__ = ["Protocol", "PROTOCOLS", "Grades", "grade", "write_grades", "read_ite
 
 @dataclass(frozen=True)
 class Protocol:
-    """One absolute judge protocol: its scale, its defaults (the paper's) and its parser."""
+    """One absolute judge protocol: its scale, its default decoding (the paper's) and its parser."""
 
     name: str
     title: str
     low: float
     high: float
-    samples: int
-    temperature: float
-    max_new_tokens: int
+    decoding: JudgeDecoding
     parse: Callable[[str], Parsed]
     system: str | None
 
 
 PROTOCOLS = {
-    "da": Protocol("da", "GEMBA-DA 0-100", 0.0, 100.0, samples=5, temperature=0.7, max_new_tokens=16,
+    "da": Protocol("da", "GEMBA-DA 0-100", 0.0, 100.0, JudgeDecoding(samples=5, temperature=0.7, max_new_tokens=16),
                    parse=parse_da, system=None),
-    "likert": Protocol("likert", "Likert 1-5", 1.0, 5.0, samples=1, temperature=0.0, max_new_tokens=384,
+    "likert": Protocol("likert", "Likert 1-5", 1.0, 5.0, JudgeDecoding(samples=1, temperature=0.0, max_new_tokens=384),
                        parse=parse_likert, system=LIKERT_SYSTEM),
 }
 """``da``: N = 5 samples at T = 0.7 (paper); a score needs few tokens. ``likert``: greedy
-(paper), room for Prometheus' feedback before ``[RESULT] n``."""
+(paper), room for Prometheus' feedback before ``[RESULT] n``. Both send the prompt in the
+judge's chat template when it has one."""
 
 
 def protocol(name: str) -> Protocol:
@@ -119,42 +118,30 @@ def grade(
     judge: JudgeModel,
     items: Sequence[GradeItem],
     protocol_name: str,
-    samples: int | None = None,
-    temperature: float | None = None,
-    top_p: float = 1.0,
-    max_new_tokens: int | None = None,
-    batch_size: int = 8,
-    seed: int = 0,
+    decoding: JudgeDecoding | None = None,
     kind: str = "qa",
     rubric: str | None = None,
     source_lang: str = "English",
     target_lang: str = "German",
-    chat: bool = True,
-    logits_processor: Sequence = (),
 ) -> Grades:
     """Grade ``items`` with ``judge`` under protocol ``da`` or ``likert``.
 
-    :param samples: judgments per item (default: the protocol's, DA 5, Likert 1).
-    :param temperature: sampling temperature (default: DA 0.7, Likert 0 = greedy).
+    :param decoding: samples, temperature, batches, seed, chat template, logits processors
+        (default: the protocol's, ``PROTOCOLS[name].decoding``: DA 5 samples at 0.7, Likert
+        one greedy judgment; ``dataclasses.replace`` it to change a few settings).
     :param kind: ``qa`` or ``translation``: the DA prompt's wording, the Likert rubric.
-    :param chat: use the judge's chat template when it has one.
-    :param logits_processor: extra ``LogitsProcessor`` objects for ``generate``.
     """
     chosen = protocol(protocol_name)
     if not items:
         raise ValueError("no items to grade")
-    samples = chosen.samples if samples is None else samples
-    temperature = chosen.temperature if temperature is None else temperature
+    decoding = chosen.decoding if decoding is None else decoding
     if chosen.name == "da":
         prompts = [da_prompt(item, kind, source_lang, target_lang) for item in items]
     else:
         prompts = [likert_prompt(item, kind, rubric) for item in items]
-    texts = [judge.format(prompt, chosen.system, chat) for prompt in prompts]
-    outputs = judge.generate(texts, samples, temperature, top_p, max_new_tokens or chosen.max_new_tokens,
-                             batch_size, seed, logits_processor, chat_formatted=chat and judge.has_chat_template,
-                             description=f"{chosen.title} judge")
+    outputs = judge.generate(prompts, decoding, chosen.system, description=f"{chosen.title} judge")
     parsed = [[chosen.parse(text) for text in texts_of_item] for texts_of_item in outputs]
-    return Grades(chosen, judge.name, list(items), prompts, outputs, parsed, temperature)
+    return Grades(chosen, judge.name, list(items), prompts, outputs, parsed, decoding.temperature)
 
 
 def _number(value: float | None) -> str:

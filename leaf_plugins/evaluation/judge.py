@@ -1,8 +1,9 @@
 """Run a Hugging Face causal LM as a pairwise judge, both orders per pair, greedy.
 
 ``judge_pairs`` builds the prompt of every pair in both orders (X first, then Y first),
-generates 2N greedy outputs in batches with any ``AutoModelForCausalLM`` given by hub id
-or local path, and hands the outputs to ``pairwise.pair_outcomes`` / ``summarize_pairs``.
+generates 2N greedy outputs in batches (``PAIRWISE_DECODING`` or the caller's
+``JudgeDecoding``) with any ``AutoModelForCausalLM`` given by hub id or local path, and
+hands the outputs to ``pairwise.pair_outcomes`` / ``summarize_pairs``.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from typing import Sequence
 import torch
 
 from leaf_plugins.core.errors import ConfigError, suggest
-from leaf_plugins.evaluation.judge_model import load_judge
+from leaf_plugins.evaluation.judge_model import JudgeDecoding, load_judge
 from leaf_plugins.evaluation.pairwise import PairwiseSummary, pair_outcomes, summarize_pairs
 
-__all__ = ["PairItem", "JudgeRun", "TEMPLATES", "build_prompt", "judge_pairs"]
+__all__ = ["PairItem", "JudgeRun", "TEMPLATES", "PAIRWISE_DECODING", "build_prompt", "judge_pairs"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,11 @@ DEFAULT_RUBRIC = "Is the response accurate, fluent and faithful to the reference
 
 TEMPLATES = {"judgelm": JUDGELM_TEMPLATE, "prometheus": PROMETHEUS_TEMPLATE}
 
+PAIRWISE_DECODING = JudgeDecoding(samples=1, temperature=0.0, max_new_tokens=128, chat_template=False)
+"""The pairwise judge's decoding: one greedy output per order, the template as a plain
+prompt (both templates are completion prompts); ``dataclasses.replace`` it to change the
+token budget, the batch size or the seed."""
+
 
 def build_prompt(item: PairItem, x_first: bool, template: str = "judgelm", rubric: str = DEFAULT_RUBRIC) -> str:
     """The judge prompt of ``item`` with X shown first (``x_first``) or second."""
@@ -109,29 +115,31 @@ def judge_pairs(
     items: Sequence[PairItem],
     template: str = "judgelm",
     rubric: str = DEFAULT_RUBRIC,
-    max_new_tokens: int = 128,
-    batch_size: int = 8,
+    decoding: JudgeDecoding = PAIRWISE_DECODING,
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
-    seed: int = 0,
 ) -> JudgeRun:
-    """Judge every pair in both orders with a causal LM (greedy decoding, plain prompts).
+    """Judge every pair in both orders with a causal LM (one greedy output per order).
 
     :param model_id_or_path: a Hugging Face hub id or a local directory holding a model
         loadable by ``AutoModelForCausalLM`` and its tokenizer.
     :param items: the pairs; X and Y are the two systems compared (e.g. LEAF and GRPO).
     :param template: ``judgelm`` (two scores on the first line) or ``prometheus``
         (relative grading ending in ``[RESULT] A/B``); the parser follows the template.
+    :param decoding: token budget, batch size, seed (also the summary's bootstrap seed),
+        chat template; greedy with one sample, else a ``ConfigError``.
     :return: prompts and outputs of both orders, outcome codes and the summary.
     """
+    if decoding.samples != 1 or decoding.temperature != 0:
+        raise ConfigError(f"the pairwise judge decodes greedily, one output per order: got samples="
+                          f"{decoding.samples}, temperature={decoding.temperature:g}; give samples=1, temperature=0")
     if not items:
         raise ValueError("no pairs to judge")
     prompts_x = [build_prompt(item, True, template, rubric) for item in items]
     prompts_y = [build_prompt(item, False, template, rubric) for item in items]
     judge = load_judge(model_id_or_path, device, dtype)
-    outputs = [texts[0] for texts in judge.generate(prompts_x + prompts_y, max_new_tokens=max_new_tokens,
-                                                    batch_size=batch_size, seed=seed,
+    outputs = [texts[0] for texts in judge.generate(prompts_x + prompts_y, decoding,
                                                     description="judging (both orders)")]
     outputs_x, outputs_y = outputs[: len(items)], outputs[len(items) :]
     codes = pair_outcomes(outputs_x, outputs_y, format=template)
-    return JudgeRun(prompts_x, prompts_y, outputs_x, outputs_y, codes, summarize_pairs(codes, seed=seed))
+    return JudgeRun(prompts_x, prompts_y, outputs_x, outputs_y, codes, summarize_pairs(codes, seed=decoding.seed))

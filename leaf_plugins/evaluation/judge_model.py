@@ -8,7 +8,7 @@ padded, generated in batches with a tqdm progress bar, and decoded without speci
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -16,10 +16,48 @@ from tqdm.auto import tqdm
 from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.core.interrupts import interrupt_point
 
-__all__ = ["JudgeModel", "load_judge", "check_decoding", "DTYPES"]
+if TYPE_CHECKING:
+    from transformers import LogitsProcessor
+
+__all__ = ["JudgeDecoding", "JudgeModel", "load_judge", "DTYPES"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 """The ``--dtype`` names a judge can be loaded with (``auto`` keeps the checkpoint's)."""
+
+
+@dataclass(frozen=True)
+class JudgeDecoding:
+    """How a judge model decodes, built once from a caller's settings.
+
+    ``samples`` outputs per prompt; temperature 0 is greedy decoding (one sample only),
+    otherwise nucleus sampling at ``temperature``/``top_p``; at most ``max_new_tokens`` new
+    tokens; ``batch_size`` prompts per ``generate`` call, each batch seeded from ``seed``
+    and its index. ``chat_template``: send each prompt in the judge's chat template when
+    it has one (off: the plain prompt). ``logits_processor``: extra ``LogitsProcessor``
+    objects passed to ``generate`` (e.g. to constrain the output). Settings the judge
+    refuses are a ``ConfigError`` when the object is built, before a judge is loaded."""
+
+    samples: int = 1
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_new_tokens: int = 128
+    batch_size: int = 8
+    seed: int = 0
+    chat_template: bool = True
+    logits_processor: Sequence[LogitsProcessor] = ()
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if self.samples < 1:
+            raise ConfigError(f"samples must be >= 1, got {self.samples}")
+        if self.temperature == 0 and self.samples > 1:
+            raise ConfigError(f"temperature 0 is greedy decoding: {self.samples} samples would be identical; "
+                              "give a temperature > 0 or samples=1")
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
 
 
 @dataclass
@@ -54,54 +92,42 @@ class JudgeModel:
         return self.tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
 
     @torch.inference_mode()
-    def generate(
-        self, texts: Sequence[str], samples: int = 1, temperature: float = 0.0, top_p: float = 1.0,
-        max_new_tokens: int = 128, batch_size: int = 8, seed: int = 0, logits_processor: Sequence = (),
-        chat_formatted: bool = False, description: str = "judging",
-    ) -> list[list[str]]:
-        """``samples`` outputs per text (``[len(texts)][samples]``). Temperature 0 is greedy
-        decoding (one sample only); otherwise nucleus sampling at ``temperature``/``top_p``.
-        Each batch of ``batch_size`` texts is seeded from ``seed`` and its index, so a run is
+    def generate(self, prompts: Sequence[str], decoding: JudgeDecoding, system: str | None = None,
+                 description: str = "judging") -> list[list[str]]:
+        """``decoding.samples`` outputs per prompt (``[len(prompts)][samples]``), each prompt
+        read as ``format(prompt, system, decoding.chat_template)`` gives it. Temperature 0 is
+        greedy decoding; otherwise nucleus sampling at ``temperature``/``top_p``. Each batch
+        of ``batch_size`` prompts is seeded from ``seed`` and its index, so a run is
         reproducible; the checkpoint's own sampling defaults (top-k, repetition penalty) are
-        switched off, so the decoding is exactly the one asked for. ``chat_formatted`` texts
-        already hold the template's special tokens, so the tokenizer adds none.
-        ``logits_processor``: extra ``LogitsProcessor`` objects passed to ``generate`` (e.g.
-        to constrain the output)."""
+        switched off, so the decoding is exactly the one asked for. Prompts in the chat
+        template already hold its special tokens, so the tokenizer adds none."""
         from transformers import LogitsProcessorList
 
-        check_decoding(samples, temperature)
+        chat = decoding.chat_template and self.has_chat_template
+        texts = [self.format(prompt, system, decoding.chat_template) for prompt in prompts]
         # the protocol's decoding, not the checkpoint's generation_config defaults (no top-k, no penalty)
-        sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else {
-            "do_sample": False}
+        sampling = ({"do_sample": True, "temperature": decoding.temperature, "top_p": decoding.top_p}
+                    if decoding.temperature > 0 else {"do_sample": False})
         sampling.update(top_k=0, repetition_penalty=1.0)
+        samples, batch_size = decoding.samples, decoding.batch_size
         outputs: list[list[str]] = []
         with tqdm(total=len(texts) * samples, desc=description, unit="judgment") as progress:
             for number, start in enumerate(range(0, len(texts), batch_size)):
                 interrupt_point()  # Ctrl-C stops between batches
-                chunk = list(texts[start : start + batch_size])
+                chunk = texts[start : start + batch_size]
                 inputs = self.tokenizer(chunk, return_tensors="pt", padding=True,
-                                        add_special_tokens=not chat_formatted).to(self.device)
-                torch.manual_seed(seed * 1_000_003 + number)
+                                        add_special_tokens=not chat).to(self.device)
+                torch.manual_seed(decoding.seed * 1_000_003 + number)
                 generated = self.model.generate(
-                    **inputs, **sampling, num_return_sequences=samples, max_new_tokens=max_new_tokens,
-                    pad_token_id=self.tokenizer.pad_token_id, logits_processor=LogitsProcessorList(logits_processor),
+                    **inputs, **sampling, num_return_sequences=samples, max_new_tokens=decoding.max_new_tokens,
+                    pad_token_id=self.tokenizer.pad_token_id,
+                    logits_processor=LogitsProcessorList(decoding.logits_processor),
                 )  # [b * samples, P + new], the samples of one text consecutive
                 decoded = self.tokenizer.batch_decode(generated[:, inputs["input_ids"].shape[1] :],
                                                       skip_special_tokens=True)
                 outputs.extend(decoded[row * samples : (row + 1) * samples] for row in range(len(chunk)))
                 progress.update(len(chunk) * samples)
         return outputs
-
-
-def check_decoding(samples: int, temperature: float) -> None:
-    """A ``ConfigError`` for a sample count or temperature ``JudgeModel.generate`` refuses."""
-    if temperature < 0:
-        raise ConfigError(f"temperature must be >= 0, got {temperature}")
-    if samples < 1:
-        raise ConfigError(f"samples must be >= 1, got {samples}")
-    if temperature == 0 and samples > 1:
-        raise ConfigError(f"temperature 0 is greedy decoding: {samples} samples would be identical; "
-                          "give a temperature > 0 or samples=1")
 
 
 def load_judge(model_id_or_path: str, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None

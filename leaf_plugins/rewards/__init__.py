@@ -1,9 +1,10 @@
 """Built-in rewards: ``sentence_bleu``, ``sentence_bleu_lowercase`` and ``exact_match``.
 
 A reward is ``reward(predictions: list[str], references: list[str]) -> list[float]``,
-registered through the ``register_rewards`` hook. One with parameters declares them as
-``parameters = Params`` (a dataclass) on its class, which takes the ``Params`` instance
-as its one argument; a run builds it with ``reward_params`` (``SentenceBLEU``).
+registered through the ``register_rewards`` hook. One with parameters declares them with
+``@parameterised(Params)`` (a dataclass): a class then takes the ``Params`` instance as
+its one argument (``SentenceBLEU``), a function as its ``params`` keyword; a run builds
+it with ``reward_params``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Callable, Literal
 from sacrebleu.metrics import BLEU
 
 from leaf_plugins.core.hookspecs import hookimpl
+from leaf_plugins.core.parameters import parameterised
 
 __all__ = ["BLEUParams", "LowercaseBLEUParams", "SentenceBLEU", "LowercaseSentenceBLEU", "exact_match",
            "normalise_text"]
@@ -37,10 +39,9 @@ class LowercaseBLEUParams(BLEUParams):
     lowercase: bool = field(default=True, metadata={"help": "compare lowercased text"})
 
 
+@parameterised(BLEUParams)
 class SentenceBLEU:
     """Sentence BLEU (sacrebleu, effective order, case-sensitive) / 100, in [0, 1]."""
-
-    parameters = BLEUParams
 
     def __init__(self, params: BLEUParams | None = None) -> None:
         self.params = params or self.parameters()
@@ -51,10 +52,9 @@ class SentenceBLEU:
         return [self._metric.sentence_score(p, [r]).score / 100 for p, r in zip(predictions, references)]
 
 
+@parameterised(LowercaseBLEUParams)
 class LowercaseSentenceBLEU(SentenceBLEU):
     """Sentence BLEU (sacrebleu, effective order, lowercased) / 100, in [0, 1]."""
-
-    parameters = LowercaseBLEUParams
 
 
 def normalise_text(text: str) -> str:

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import torch
 
-from leaf_plugins.backbones.base import LoadedBackbone
+from leaf_plugins.core.backbone import LoadedBackbone
 from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.core.stages import Rollout
 

@@ -24,9 +24,15 @@ from leaf_plugins.core.stages import Rollout, RolloutRequest
 from leaf_plugins.rollout.decoding.family import unsupported_reason
 
 __all__ = ["ROLLOUT_BACKENDS", "StaticBackend", "GenerateBackend", "resolve_backend", "backend_unsupported_reason",
-           "register_rollout_backends"]
+           "register_rollout_backends", "ALWAYS_PRODUCED", "DEFAULT_PRODUCES", "produced_fields"]
 
 ROLLOUT_BACKENDS = ("static", "generate")  # the built-ins; a package may register others
+
+ALWAYS_PRODUCED = ("surprisal", "logprobs")
+"""The per-token fields every rollout gives (the loss and the estimators' boundaries read them)."""
+
+DEFAULT_PRODUCES = ("sum_pi_squared",)
+"""The optional fields a backend (or a rollout plugin) that declares no ``produces`` can compute."""
 
 STATIC_BY_DEFAULT_ON_CUDA = False
 """Whether an unset ``rollout.backend`` picks the static loop on CUDA devices too."""
@@ -40,38 +46,39 @@ def _on_cuda(model: Any) -> bool:
 class StaticBackend:
     """Our decode loop over static K/V buffers (the default on the CPU where it supports the model)."""
 
+    produces = ("sum_pi_squared",)
+
     def unsupported_reason(self, model: Any) -> str | None:
         return unsupported_reason(model)
 
     def sample(self, request: RolloutRequest) -> Rollout:
         from leaf_plugins.rollout.decoding.static_rollout import static_rollout
 
-        return static_rollout(request.model, request.loaded, request.inputs, request.group_size,
-                              request.max_new_tokens, request.temperature, request.top_p, request.surprisal_from,
-                              request.group_ids, request.seed, wants_sum_pi_squared(request))
+        return static_rollout(request)
 
 
 class GenerateBackend:
     """Hugging Face generate (every model it can run; the reference)."""
 
+    produces = ("sum_pi_squared",)
+
     def sample(self, request: RolloutRequest) -> Rollout:
         from leaf_plugins.rollout.generate import generate_rollout
 
-        return generate_rollout(request.model, request.loaded, request.inputs, request.group_size,
-                                request.max_new_tokens, request.temperature, request.top_p, request.surprisal_from,
-                                request.group_ids, request.seed, wants_sum_pi_squared(request))
-
-
-def wants_sum_pi_squared(request: RolloutRequest) -> bool:
-    """Whether the rollout should compute Σ_v π(v)² (an exp over the vocabulary per
-    sampled token): asked for, or every statistic asked for (``fields`` None)."""
-    return request.fields is None or "sum_pi_squared" in request.fields
+        return generate_rollout(request)
 
 
 @hookimpl
 def register_rollout_backends(register: Any) -> None:
     register("static", StaticBackend())
     register("generate", GenerateBackend())
+
+
+def produced_fields(producer: Any) -> tuple[str, ...]:
+    """The per-token fields a rollout backend (or a plugin's ``rollout`` hook) gives: the
+    fields every rollout has, then what it declares in ``produces`` (``DEFAULT_PRODUCES``
+    when it declares nothing)."""
+    return (*ALWAYS_PRODUCED, *getattr(producer, "produces", DEFAULT_PRODUCES))
 
 
 def backend_unsupported_reason(backend: Any, model: Any) -> str | None:

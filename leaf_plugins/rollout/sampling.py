@@ -1,5 +1,7 @@
-"""Rollout: K sampled responses per prompt with their log-probabilities and surprisal,
-and teacher-forced log-probabilities of given responses (for the loss).
+"""Sampling: ``sample_responses`` draws K responses per prompt with a registered rollout
+backend (the one named, else the default for the model) and returns them as a
+``Rollout``: the tokens with their log-probabilities, surprisal and the optional
+per-token statistics asked for.
 
 Two distributions are involved at every sampled position:
 
@@ -25,61 +27,39 @@ the same distributions and return the same ``Rollout``.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping
 
-import torch
-
-from leaf_plugins.backbones.base import LoadedBackbone
 from leaf_plugins.core.parameters import configured
 from leaf_plugins.core.plugins import PluginHost, get_host
-from leaf_plugins.core.stages import Rollout, RolloutRequest, StepContext
-from leaf_plugins.rollout.assembly import SURPRISAL_SOURCES, assemble_rollout, audio_token_ids
+from leaf_plugins.core.stages import Rollout, RolloutRequest
+from leaf_plugins.rollout.assembly import SURPRISAL_SOURCES
 from leaf_plugins.rollout.backends import resolve_backend
 
-__all__ = ["Rollout", "sample_responses", "assemble_rollout", "audio_token_ids", "SURPRISAL_SOURCES"]
+__all__ = ["sample_responses"]
 
 
-def sample_responses(
-    model: torch.nn.Module,
-    loaded: LoadedBackbone,
-    inputs: dict[str, torch.Tensor],
-    group_size: int,
-    max_new_tokens: int = 200,
-    temperature: float = 1.0,
-    top_p: float = 0.9,
-    surprisal_from: str = "sampling",
-    group_ids: Sequence[int] | None = None,
-    backend: str | None = None,
-    context: StepContext | None = None,
-    host: PluginHost | None = None,
-    seed: int | None = None,
-    fields: Iterable[str] | None = None,
-    backend_params: Mapping[str, Any] | None = None,
-) -> Rollout:
-    """Sample ``group_size`` responses for every prompt of ``inputs`` (left padded).
+def sample_responses(request: RolloutRequest, backend: str | None = None,
+                     backend_params: Mapping[str, Any] | None = None, host: PluginHost | None = None) -> Rollout:
+    """Sample ``request.group_size`` responses for every prompt of ``request.inputs``
+    (left padded) with a rollout backend, which receives ``request`` as it is.
 
     The prompts are embedded once (``inputs["inputs_embeds"]`` when the caller already
     has them, see ``embed_prompts``), so the audio encoder runs once per prompt. The
     per-token statistics are taken at each step: memory ``O(N·T)``, not ``O(N·T·V)``.
     Generation stops at EOS, which belongs to the response; what follows is padding.
+    Response k of the prompt with group id ``g`` (``request.group_ids``, default its
+    row) draws from the key (``request.seed``, g, k), the same in any batch
+    (``decoding/keyed_draw.py``).
 
     :param backend: a registered rollout backend (``"static"``, ``"generate"``, a
         package's), or None: ``static`` where the model is supported (on CUDA only where
-        ``STATIC_BY_DEFAULT_ON_CUDA``), else ``generate`` (``rollout_backend.resolve_backend``).
-    :param context: the training step sampled for (passed on to the backend).
-    :param seed: the sampling seed: response k of the prompt with group id ``g`` (from
-        ``group_ids``, default its row) draws from the key (seed, g, k), the same in any
-        batch (``decoding/keyed_draw.py``); None: a seed drawn from torch's default generator.
-    :param fields: the optional per-token statistics to compute (``sum_pi_squared``, a
-        backend's extra fields), e.g. an engine's ``requires``; None: all the backend can.
+        ``STATIC_BY_DEFAULT_ON_CUDA``), else ``generate`` (``backends.resolve_backend``).
     :param backend_params: the backend's parameters (``rollout.backend_params``).
+    :raises ValueError: ``request.surprisal_from`` is not one of ``SURPRISAL_SOURCES``.
     """
-    if surprisal_from not in SURPRISAL_SOURCES:
-        raise ValueError(f"surprisal_from must be one of {SURPRISAL_SOURCES}, got {surprisal_from!r}")
+    if request.surprisal_from not in SURPRISAL_SOURCES:
+        raise ValueError(f"surprisal_from must be one of {SURPRISAL_SOURCES}, got {request.surprisal_from!r}")
     host = host or get_host()
-    name = resolve_backend(model, backend, host)
+    name = resolve_backend(request.model, backend, host)
     sampler = configured("rollout backend", name, host.rollout_backends.get(name), backend_params)
-    request = RolloutRequest(model, loaded, inputs, group_size, max_new_tokens, temperature, top_p, surprisal_from,
-                             list(group_ids) if group_ids is not None else None, context, seed,
-                             frozenset(fields) if fields is not None else None)
     return sampler.sample(request)

@@ -3,7 +3,7 @@
 ```yaml
 output_dir: runs/studies/demo
 warm_start: configs/warm-start/tiny-qwen2-audio-translation.yaml   # optional
-base: {...}                                # a run config, as for `leaf train`
+base: {...}                                # a run config, as for `leaf train` (include: a recipe, say)
 grid: {estimator.name: [grpo, leaf]}       # the cross product of these values (plugins.NAME.PARAM: a parameter
                                            # of plugin NAME, which the run's plugins: must name)
 variations:                                # and/or a list of labelled settings
@@ -37,11 +37,12 @@ from typing import Any, Iterable
 from ruamel.yaml.comments import CommentedMap
 
 from leaf_plugins.core.config import (build_collecting, format_errors, key_location, load_yaml, parse_overrides,
-                                      set_dotted)
+                                      resolve_includes, set_dotted)
 from leaf_plugins.core.errors import ConfigError, suggest
 from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.evaluation.text_metrics import METRICS
-from leaf_plugins.training.config import EstimatorConfig, TrainConfig, named_parameter_problems, train_validators
+from leaf_plugins.training.config import (EstimatorConfig, TrainConfig, named_parameter_problems, rollout_field_problem,
+                                          train_validators)
 from leaf_plugins.training.estimator_switch import announce_dropped, apply_layer, estimator_problems
 from leaf_plugins.training.stage_plugins import apply_plugin_settings, plugin_setting
 from leaf_plugins.training.warm_start import WarmStartConfig, warm_start_validators
@@ -175,6 +176,7 @@ def load_study(path: Path, overrides: Iterable[str] = (), host: PluginHost | Non
     host = host or get_host()
     where = str(path)
     data = load_yaml(path)
+    resolve_includes(data.get("base"), Path(path))  # the base's recipe, say
     settings, errors = parse_overrides(overrides)
     sets_plugin = [key.startswith("base.") and plugin_setting(key.removeprefix("base.")) is not None
                    for key, _, _ in settings]  # base.plugins.NAME.PARAM
@@ -227,6 +229,8 @@ def load_study(path: Path, overrides: Iterable[str] = (), host: PluginHost | Non
                     errors.append(f"{at}: variation {label!r}: {message}")
     errors += _compare_to_problems(study.compare_to, runs, data, where)
     errors += _estimator_problems(runs, sections, where, host)
+    if not errors:
+        errors += _rollout_field_problems(runs, where, host)
     if errors:
         raise ConfigError(format_errors(where, errors))
     announce_dropped(dropped)
@@ -250,6 +254,22 @@ def _estimator_problems(runs: list[PlannedRun], sections: list[Any], where: str,
     return problems
 
 
+def _rollout_field_problems(runs: list[PlannedRun], where: str, host: PluginHost) -> list[str]:
+    """Each variation whose rollout cannot give its estimator the fields it reads
+    (``rollout_field_problem``), once per distinct estimator, backend and plugins."""
+    problems, seen = [], set()
+    for run in runs:
+        config = run.config
+        key = repr((config.estimator, config.rollout.backend, config.plugins))
+        if key in seen:
+            continue
+        seen.add(key)
+        problem = rollout_field_problem(config, host)
+        if problem:
+            problems.append(f"{where}: variation {run.variation!r}: {problem}")
+    return problems
+
+
 def _known_metrics(names: Any) -> str | None:
     unknown = [name for name in names if name not in METRICS]
     if unknown:
@@ -266,7 +286,7 @@ def _compare_to_problems(target: str | None, runs: list[PlannedRun], data: Comme
     if target in names or target in settings:
         return []
     return [f"{key_location(data, 'compare_to', where)}: compare_to: {target!r} is neither a variation nor a setting "
-            f"of one.{suggest(target, names + settings)} Variations: {', '.join(names)}; settings: "
+            f"of one.{suggest(target, list(dict.fromkeys(names + settings)))} Variations: {', '.join(names)}; settings: "
             f"{', '.join(settings) or '(none)'}"]
 
 

@@ -91,11 +91,11 @@ def _cell(values: list[float], percent: bool) -> tuple[str, dict]:
     return f"{mean * scale:.2f}{unit} ({min(values) * scale:.2f}–{max(values) * scale:.2f})", record
 
 
-def write_results(study: Study) -> Path:
+def write_results(study: Study) -> list[Path]:
     """Write ``results.md``, ``results.csv``, ``results_runs.csv`` and
     ``learning_curves.png`` into the study's output directory from its saved files;
-    return ``results.md``. A study none of whose runs has finished has no table: that is
-    a ``LeafError`` saying so (nothing is written)."""
+    return their paths, ``results.md`` first. A study none of whose runs has finished has
+    no table: that is a ``LeafError`` saying so (nothing is written)."""
     output = study.output_dir
     rows = _finished(study)
     if not rows:
@@ -130,12 +130,13 @@ def write_results(study: Study) -> Path:
     if not iqm and by_variation:
         notes.append(f"- IQM over seeds (rliable) not shown: it needs >= {MIN_SEEDS_FOR_IQM} seeds per variation.")
     lines += ["", *notes] if notes else []
-    (output / "results.md").write_text("\n".join(lines) + "\n")
-    _write_csv(output / "results.csv", list(records.values()))
-    _write_csv(output / "results_runs.csv", rows)
-    if rows:
-        _plot_learning_curves(study, output / "learning_curves.png")
-    return output / "results.md"
+    table_path, variations_csv, runs_csv, curves_png = (output / "results.md", output / "results.csv",
+                                                        output / "results_runs.csv", output / "learning_curves.png")
+    table_path.write_text("\n".join(lines) + "\n")
+    _write_csv(variations_csv, list(records.values()))
+    _write_csv(runs_csv, rows)
+    _plot_learning_curves(study, curves_png)
+    return [table_path, variations_csv, runs_csv, curves_png]
 
 
 def _spread_note(fewest: int) -> str:

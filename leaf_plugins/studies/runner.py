@@ -24,13 +24,13 @@ from tqdm import tqdm
 
 from leaf_plugins.core.plugins import PluginHost, get_host
 from leaf_plugins.core.processes import agreed_interrupt_point, patient_barrier
+from leaf_plugins.core.task import Example
 from leaf_plugins.studies.claims import claim
 from leaf_plugins.studies.config import PlannedRun, Study, slug
-from leaf_plugins.studies.evaluate import (BASELINE, EVALUATION, PREDICTIONS, evaluate_model, judge_runs,
-                                          training_summary)
+from leaf_plugins.studies.evaluate import (BASELINE, EVALUATION, PREDICTIONS, evaluate_model, held_out_sampling,
+                                          judge_runs, training_summary)
 from leaf_plugins.studies.lock import StudyLock
 from leaf_plugins.studies.results import write_results
-from leaf_plugins.tasks.base import Example
 from leaf_plugins.training.checkpoint import latest_checkpoint
 from leaf_plugins.training.config import TrainConfig, task_examples
 from leaf_plugins.training.durable import replace_text
@@ -44,9 +44,12 @@ WARM_START_RECORD = "warm_start.json"  # the warm-start config its directory hol
 TIMES = "train_seconds.txt"  # wall time of each training session of a run (several when resumed)
 
 
-def run_study(study: Study, plugins: Sequence[object] = (), host: PluginHost | None = None) -> Path:
-    """Run every unfinished run of ``study``; return the results table's path.
-    ``plugins`` are passed to every run's trainer (observers, stage overrides)."""
+def run_study(study: Study, plugins: Sequence[object] = (), host: PluginHost | None = None) -> list[Path]:
+    """Run every unfinished run of ``study``. Return the paths of the files it wrote in the
+    study's output directory (``write_results``'s, the table ``results.md`` first, then
+    ``study.resolved.yaml``; each run writes into its own directory under ``runs/``) on
+    the main process, which writes them, and an empty list on the others. ``plugins`` are
+    passed to every run's trainer (observers, stage overrides)."""
     host = host or get_host()
     # under `accelerate launch`, every process trains and samples; the rest is the main one's. As the trainer's
     # Accelerator: without CUDA the processes use gloo on CPU (a plain PartialState() would make each one "main")
@@ -57,7 +60,7 @@ def run_study(study: Study, plugins: Sequence[object] = (), host: PluginHost | N
         return _run_locked(study, plugins, host, state)
 
 
-def _run_locked(study: Study, plugins: Sequence[object], host: PluginHost, state: PartialState) -> Path:
+def _run_locked(study: Study, plugins: Sequence[object], host: PluginHost, state: PartialState) -> list[Path]:
     output = study.output_dir
     if state.is_main_process:
         output.mkdir(parents=True, exist_ok=True)
@@ -84,8 +87,8 @@ def _run_locked(study: Study, plugins: Sequence[object], host: PluginHost, state
         starts = [(baseline_dir(study, run.config), run.config.task.name) for run in study.runs]
         judge_runs([*dict.fromkeys(starts), *((run.directory, run.config.task.name) for run in study.runs)],
                    study.config.evaluation.judges)
-        write_results(study)
-    return output / "results.md"
+        return [*write_results(study), output / RESOLVED]
+    return []
 
 
 def _claim(run: PlannedRun, study: Study) -> None:
@@ -106,8 +109,9 @@ def _evaluate_start(study: Study, config: TrainConfig, held_out: list[Example]) 
     directory = baseline_dir(study, config)
     if not (directory / EVALUATION).exists():
         tqdm.write(f"evaluating the starting model (no RL) -> {directory}")
-        metrics = evaluate_model(config.backbone, None, held_out, study.config.evaluation, directory,
-                                 backend=config.rollout.backend, backend_params=config.rollout.backend_params)
+        settings = study.config.evaluation
+        metrics = evaluate_model(config.backbone, None, held_out, settings, held_out_sampling(settings, config.rollout),
+                                 directory)
         if metrics is not None:
             replace_text(directory / EVALUATION, json.dumps(metrics, indent=1))
     return directory / PREDICTIONS
@@ -138,9 +142,8 @@ def _evaluate(study: Study, run: PlannedRun, host: PluginHost, cache: dict) -> N
     held_out = _examples(host, config, settings.split, cache)[: settings.limit]
     baseline = _evaluate_start(study, config, held_out) if study.config.baseline else None
     started = time.perf_counter()
-    metrics = evaluate_model(config.backbone, run.directory, held_out, settings, run.directory, baseline,
-                             backend=config.rollout.backend, stage=rollout_stage(config, host),
-                             backend_params=config.rollout.backend_params)
+    sampling = held_out_sampling(settings, config.rollout, rollout_stage(config, host))
+    metrics = evaluate_model(config.backbone, run.directory, held_out, settings, sampling, run.directory, baseline)
     if metrics is None:  # not the main process
         return
     metrics.update(training_summary(run.directory, settings))

@@ -10,8 +10,8 @@ from typing import Iterable, Protocol, Sequence, overload
 
 import numpy as np
 
+from leaf_plugins.core.task import Example
 from leaf_plugins.tasks.audio import SAMPLING_RATE
-from leaf_plugins.tasks.base import Example
 from leaf_plugins.tasks.filters import is_multiple_choice
 
 __all__ = ["AudioSource", "Record", "ExampleList", "apply_filters", "UniqueIds"]

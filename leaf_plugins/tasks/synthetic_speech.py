@@ -18,16 +18,15 @@ import shutil
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from leaf_plugins.core.errors import ConfigError
 from leaf_plugins.core.hookspecs import hookimpl
 from leaf_plugins.core.interrupts import interrupt_point
 from leaf_plugins.tasks.audio import SAMPLING_RATE, AudioFile
 from leaf_plugins.tasks.examples import ExampleList, Record
-from leaf_plugins.tasks.options import Option, parse_options
 from leaf_plugins.tasks.prompts import qa_prompt, translation_prompt
 from leaf_plugins.tasks.resample import resample
 from leaf_plugins.tasks.splits import check_split
@@ -35,7 +34,7 @@ from leaf_plugins.tasks.splits import check_split
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["SpokenTask", "Build", "translation_items", "qa_items", "synthesise", "cache_root", "resample",
+__all__ = ["SpokenParams", "SpokenTask", "Build", "translation_items", "qa_items", "synthesise", "cache_root",
            "ESPEAK_INSTALL"]
 
 VOICES = ("en-us+m3", "en-us+f3", "en+m1", "en+f2")
@@ -117,29 +116,47 @@ class Build:
     seconds: float
 
 
+@dataclass(frozen=True)
+class SpokenParams:
+    """The parameters of a built-in spoken task (``task.options``)."""
+
+    seed: int = field(default=0, metadata={"help": "seed of the items, voices and rates"})
+    size: int = field(default=320, metadata={"help": "examples in all splits"})
+    validation_size: int | None = field(default=None, metadata={"help": "validation examples (default size // 8)"})
+    test_size: int | None = field(default=None, metadata={"help": "test examples (default size // 8)"})
+    cache_dir: str | None = field(default=None, metadata={
+        "help": "where builds are cached (default $LEAF_CACHE_DIR/tasks or ~/.cache/leaf-plugins/tasks)"})
+    workers: int | None = field(default=None, metadata={"help": "parallel espeak-ng processes (default 2 x CPUs)"})
+
+    def __post_init__(self) -> None:
+        for name in ("size", "validation_size", "test_size"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must not be negative, got {value}")
+
+
 class SpokenTask:
-    """A built-in spoken task (``spoken-translation`` or ``spoken-qa``); see ``OPTIONS``."""
+    """A built-in spoken task (``spoken-translation`` or ``spoken-qa``) with its
+    parameters (``SpokenParams``); ``with_parameters`` gives the same task with others."""
 
-    options = (
-        Option("seed", "int", 0, "seed of the items, voices and rates"),
-        Option("size", "int", 320, "examples in all splits"),
-        Option("validation_size", "int", None, "validation examples (default size // 8)"),
-        Option("test_size", "int", None, "test examples (default size // 8)"),
-        Option("cache_dir", "path", None, "where builds are cached (default $LEAF_CACHE_DIR/tasks or "
-                                          "~/.cache/leaf-plugins/tasks)"),
-        Option("workers", "int", None, "parallel espeak-ng processes (default 2 x CPUs)"),
-    )
+    parameters = SpokenParams
 
-    def __init__(self, name: str, make_items: Callable[[random.Random, int, str], list[Item]]) -> None:
+    def __init__(self, name: str, make_items: Callable[[random.Random, int, str], list[Item]],
+                 params: SpokenParams = SpokenParams()) -> None:
         self.name = name
         self.make_items = make_items
+        self.params = params
         self.last_filtered: dict[str, int] = {}
         self.__doc__ = f"Built-in {name} task with espeak-ng speech (offline; built once, cached)."
 
-    def load(self, split: str, **options: Any) -> ExampleList:
+    def with_parameters(self, params: SpokenParams) -> SpokenTask:
+        """This task (its name and items) built with ``params``."""
+        return SpokenTask(self.name, self.make_items, params)
+
+    def load(self, split: str) -> ExampleList:
         """The examples of ``split``, building and caching the whole task if needed."""
         check_split(self.name, split)
-        build = self.build(**options)
+        build = self.build()
         records = []
         for line in (build.directory / MANIFEST).read_text(encoding="utf-8").splitlines():
             row = json.loads(line)
@@ -149,26 +166,28 @@ class SpokenTask:
                                       AudioFile(build.directory / row["audio"], where), where, row["duration"]))
         return ExampleList(records, {}, str(build.directory))
 
-    def build(self, **options: Any) -> Build:
-        """Build the task into the cache (or find it there); see ``options``."""
-        values = parse_options(self.name, self.options, options)
-        sizes = self._sizes(values["size"], values["validation_size"], values["test_size"])
-        root = values["cache_dir"] or cache_root()
-        suffix = "" if values["validation_size"] is None and values["test_size"] is None else \
+    def build(self) -> Build:
+        """Build the task into the cache (or find it there); see ``SpokenParams``."""
+        params = self.params
+        sizes = self._sizes()
+        root = cache_root() if params.cache_dir is None else Path(params.cache_dir).expanduser()
+        suffix = "" if params.validation_size is None and params.test_size is None else \
             f"-v{sizes['validation']}-t{sizes['test']}"
-        directory = root / f"{self.name}-{values['seed']}-{values['size']}{suffix}"
+        directory = root / f"{self.name}-{params.seed}-{params.size}{suffix}"
         if (directory / MANIFEST).is_file():
             return Build(directory, sizes, False, 0.0)
         start = time.perf_counter()
-        self._build(directory, values["seed"], sizes, values["workers"] or 2 * (os.cpu_count() or 1))
+        self._build(directory, params.seed, sizes, params.workers or 2 * (os.cpu_count() or 1))
         return Build(directory, sizes, True, time.perf_counter() - start)
 
-    def _sizes(self, size: int, validation: int | None, test: int | None) -> dict[str, int]:
-        validation = size // 8 if validation is None else validation
-        test = size // 8 if test is None else test
-        if min(size, validation, test) < 0 or validation + test > size:
+    def _sizes(self) -> dict[str, int]:
+        """Examples per split: validation and test (``size // 8`` each unless given), train the rest."""
+        size = self.params.size
+        validation = size // 8 if self.params.validation_size is None else self.params.validation_size
+        test = size // 8 if self.params.test_size is None else self.params.test_size
+        if validation + test > size:
             raise ConfigError(f"task {self.name!r}: validation_size ({validation}) + test_size ({test}) must not "
-                              f"exceed size ({size}), and none may be negative")
+                              f"exceed size ({size})")
         return {"train": size - validation - test, "validation": validation, "test": test}
 
     def _build(self, directory: Path, seed: int, sizes: dict[str, int], workers: int) -> None:

@@ -13,7 +13,7 @@ import torch
 from leaf_plugins.core.errors import NonFiniteError
 from leaf_plugins.core.finite import nonfinite_fields
 from leaf_plugins.core.stages import Rollout
-from leaf_plugins.tasks.base import Example
+from leaf_plugins.core.task import Example
 from leaf_plugins.training.checkpoint import latest_checkpoint
 
 __all__ = ["NONFINITE_REWARD_POLICIES", "bad_reward_prompts", "check_update", "scorer_name"]
@@ -24,13 +24,15 @@ NONFINITE_REWARD_POLICIES = ("error", "drop_group")
 SHOWN = 3  # bad responses named in a message
 
 
-def scorer_name(hook: Any, reward: str) -> str:
-    """Who scores the responses: the run's reward plugin, or the plugin whose
-    ``score_rollouts`` hook is called first (it overrides the built-in scoring)."""
+def scorer_name(hook: Any, rewards: list[str]) -> str:
+    """Who scores the responses: the run's reward plugins (``rewards``: their names), or
+    the plugin whose ``score_rollouts`` hook is called first (it overrides the built-in
+    scoring)."""
     impls = hook.score_rollouts.get_hookimpls()
     first = impls[-1] if impls else None
     if first is None or type(first.plugin).__name__ == "DefaultStages":
-        return f"reward plugin {reward!r}"
+        return (f"reward plugin {rewards[0]!r}" if len(rewards) == 1
+                else f"the reward plugins {', '.join(map(repr, rewards))}")
     return f"score_rollouts of plugin {first.plugin_name!r}"
 
 

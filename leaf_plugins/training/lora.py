@@ -10,7 +10,7 @@ from typing import Iterator
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 
-from leaf_plugins.backbones.base import LoadedBackbone
+from leaf_plugins.core.backbone import LoadedBackbone
 
 __all__ = ["attach_lora", "load_lora", "reference_policy", "lora_state"]
 
@@ -51,5 +51,7 @@ def reference_policy(model: PeftModel) -> Iterator[None]:
 
 
 def lora_state(model: PeftModel) -> dict[str, torch.Tensor]:
-    """The trainable LoRA tensors by name (what a checkpoint and the 2-process test compare)."""
+    """A detached copy of the trainable (LoRA) tensors by name: a snapshot of the adapter
+    to compare between steps, runs, process counts or a resume (the training tests do);
+    checkpoints save the adapter with peft and DCP, not with this."""
     return {name: parameter.detach().clone() for name, parameter in model.named_parameters() if parameter.requires_grad}

@@ -35,10 +35,10 @@ __all__ = ["RUN_CONFIG", "RESUME_FREE_KEYS", "resolved_config", "write_run_confi
 RUN_CONFIG = "config.yaml"
 """The resolved run config, in the run's directory."""
 
-RESUME_FREE_KEYS = ("steps", "output_dir", "checkpoint_every", "keep_checkpoints", "log_rollouts", "threads",
-                    "sharding", "optim.micro_batch_prompts", "optim.activation_checkpointing")
-"""Keys a resumed run may change: how long it runs, where and how often it writes, and
-how it is computed (torch's thread count, sharding, micro-batches, recomputed
+RESUME_FREE_KEYS = ("steps", "output_dir", "checkpoint_every", "keep_checkpoints", "log_rollouts", "report_to",
+                    "threads", "sharding", "optim.micro_batch_prompts", "optim.activation_checkpointing")
+"""Keys a resumed run may change: how long it runs, where and how often it writes (and
+to which trackers), and how it is computed (torch's thread count, sharding, micro-batches, recomputed
 activations), which moves the results by rounding only. Any other difference changes
 what the run trains."""
 

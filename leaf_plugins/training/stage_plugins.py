@@ -39,20 +39,17 @@ import pluggy
 from ruamel.yaml.comments import CommentedMap
 
 from leaf_plugins.core.config import key_location, set_dotted
-from leaf_plugins.core.engine import STAGES
 from leaf_plugins.core.errors import ConfigError, LeafError, suggest
-from leaf_plugins.core.hookspecs import PROJECT, LeafSpecs
-from leaf_plugins.core.parameters import built_parameters, located_parameter_problems, with_parameters
+from leaf_plugins.core.hookspecs import ESTIMATOR_STAGES, PROJECT, RUN_HOOKS, LeafSpecs, hookimpls_of
+from leaf_plugins.core.parameters import built_parameters, located_parameter_problems, parameters_problem
 from leaf_plugins.core.plugins import PluginHost
-from leaf_plugins.core.stages import Rollout, StepContext
+from leaf_plugins.core.stages import Rollout, RolloutRequest, StepContext
 
-__all__ = ["RUN_HOOKS", "LIFECYCLE_HOOKS", "PLUGINS_RECORD", "StagePlugin", "PluginStageError", "plugin_entry",
+__all__ = ["PLUGINS_RECORD", "StagePlugin", "PluginStageError", "plugin_entry",
            "resolve_plugin", "resolve_plugins", "run_hooks_of", "plugins_validator", "plugin_parameter_problems",
-           "plugin_setting", "apply_plugin_settings", "guarded", "call_plugin", "register_stage_plugins",
+           "plugin_setting", "apply_plugin_settings", "guarded", "call_plugin_hook", "register_stage_plugins",
            "record_plugins", "RolloutStage", "rollout_stage"]
 
-LIFECYCLE_HOOKS = ("on_run_start", "on_run_end", "on_optimizer_step", "save_plugin_state", "load_plugin_state")
-RUN_HOOKS = ("rollout", "score_rollouts", "compute_loss", "on_step_end", "on_estimate", *LIFECYCLE_HOOKS)
 PLUGINS_RECORD = "plugins.json"  # in the run's output directory
 _MODULE_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(:[A-Za-z_]\w*)?$")
 _ENTRY_KEYS = ("name", "params")
@@ -130,8 +127,11 @@ def resolve_plugin(name: str, host: PluginHost, params: Mapping[str, Any] | None
     """
     plugin, distribution = _locate(name, host)
     impls = _run_impls(name, plugin)
+    problem = parameters_problem("plugin", plugin)
+    if problem:
+        raise ConfigError(f"plugin {name!r}: {problem}")
     values = built_parameters("plugin", name, plugin, params)  # None: it declares none
-    instance = with_parameters(plugin, values)
+    instance = plugin if values is None else plugin.with_parameters(values)
     if isinstance(instance, type):  # a class without parameters
         instance = instance()
     return StagePlugin(name, distribution, _version(distribution), instance, impls, values)
@@ -179,8 +179,8 @@ def _import(name: str, host: PluginHost) -> object:
 def _run_impls(name: str, plugin: object) -> tuple[tuple[str, str, dict[str, Any]], ...]:
     """The run-time hook implementations of ``plugin``; an error if it has none or if it
     implements an estimator stage (those come from ``estimator.name`` / ``estimator.stages``)."""
-    impls = _hookimpls(plugin)
-    stages = sorted(hook for _, hook, _ in impls if hook in STAGES)
+    impls = hookimpls_of(plugin)
+    stages = sorted(hook for _, hook, _ in impls if hook in ESTIMATOR_STAGES)
     if stages:
         raise ConfigError(f"plugin {name!r} implements the estimator stage {stages[0]!r}: estimator stages come from "
                           f"the run's estimator (estimator.name, estimator.stages), so register it as an estimator")
@@ -193,21 +193,7 @@ def _run_impls(name: str, plugin: object) -> tuple[tuple[str, str, dict[str, Any
 
 def run_hooks_of(plugin: object) -> list[str]:
     """The run-time hooks ``plugin`` implements (those a run config can enable), sorted."""
-    return sorted({hook for _, hook, _ in _hookimpls(plugin) if hook in RUN_HOOKS})
-
-
-def _hookimpls(plugin: object) -> list[tuple[str, str, dict[str, Any]]]:
-    """(attribute, hook name, options) of every ``hookimpl`` of ``plugin``."""
-    reader = pluggy.PluginManager(PROJECT)
-    found = []
-    for attribute in dir(plugin):
-        try:
-            options = reader.parse_hookimpl_opts(plugin, attribute)
-        except Exception:  # an attribute that cannot be read is not a hook
-            continue
-        if options is not None:
-            found.append((attribute, options.get("specname") or attribute, dict(options)))
-    return found
+    return sorted({hook for _, hook, _ in hookimpls_of(plugin) if hook in RUN_HOOKS})
 
 
 def _distribution_of(module: str) -> str | None:
@@ -332,15 +318,19 @@ def _reporting(impl: Callable[..., Any], name: str, hook: str) -> Callable[..., 
     return call
 
 
-def call_plugin(plugin: StagePlugin, hook: str, **kwargs: Any) -> tuple[bool, Any]:
-    """Call ``plugin``'s own implementation of ``hook`` alone, guarded like its other
-    hooks: ``(True, result)``, or ``(False, None)`` when it does not implement it."""
-    for attribute, implemented, _ in plugin.impls:
-        if implemented == hook:
-            impl = getattr(plugin.plugin, attribute)
-            accepted = inspect.signature(impl).parameters
-            return True, _reporting(impl, plugin.name, hook)(**{k: v for k, v in kwargs.items() if k in accepted})
-    return False, None
+def call_plugin_hook(manager: pluggy.PluginManager, plugin: StagePlugin, hook: str, **kwargs: Any) -> list[Any]:
+    """Call ``hook`` on the one named ``plugin`` registered on ``manager``
+    (``register_stage_plugins``), through pluggy and guarded like its other hooks: the
+    list of its results (empty when it does not implement ``hook``). For the hooks whose
+    result belongs to one plugin (``save_plugin_state``, ``load_plugin_state``)."""
+    own = manager.get_plugin(registered_name(plugin))
+    others = [registered for registered in manager.get_plugins() if registered is not own]
+    return manager.subset_hook_caller(hook, remove_plugins=others)(**kwargs)
+
+
+def registered_name(plugin: StagePlugin) -> str:
+    """The name under which ``register_stage_plugins`` registers ``plugin``."""
+    return f"plugin:{plugin.name}"
 
 
 def register_stage_plugins(manager: pluggy.PluginManager, plugins: Iterable[StagePlugin]) -> None:
@@ -348,7 +338,7 @@ def register_stage_plugins(manager: pluggy.PluginManager, plugins: Iterable[Stag
     in reverse, so that a named plugin is called first and the first named before the
     others (pluggy calls the last registered first)."""
     for plugin in reversed(list(plugins)):
-        manager.register(guarded(plugin), name=f"plugin:{plugin.name}")
+        manager.register(guarded(plugin), name=registered_name(plugin))
     manager.check_pending()
 
 
@@ -376,13 +366,14 @@ class RolloutStage:
     hook: Any  # the manager's hook caller
     config: Any  # the run's TrainConfig
 
-    def __call__(self, number: int, model: Any, loaded: Any, examples: Sequence[Any], inputs: dict[str, Any],
-                 group_size: int, max_new_tokens: int, temperature: float, top_p: float) -> Rollout | None:
+    def __call__(self, number: int, examples: Sequence[Any], request: RolloutRequest) -> Rollout | None:
         """The plugins' rollout of batch ``number`` (0-based; the context's ``step`` is
-        ``number + 1``, 1-based as a training step's). None: no plugin sampled it."""
-        settings = dataclasses.replace(self.config.rollout, group_size=group_size, max_new_tokens=max_new_tokens,
-                                       temperature=temperature, top_p=top_p)
-        context = StepContext(number + 1, model, loaded, list(examples), inputs,
+        ``number + 1``, 1-based as a training step's), whose run config's ``rollout``
+        settings are ``request``'s. None: no plugin sampled it."""
+        settings = dataclasses.replace(self.config.rollout, group_size=request.group_size,
+                                       max_new_tokens=request.max_new_tokens, temperature=request.temperature,
+                                       top_p=request.top_p, surprisal_from=request.surprisal_from)
+        context = StepContext(number + 1, request.model, request.loaded, list(examples), request.inputs,
                               dataclasses.replace(self.config, rollout=settings))
         return self.hook(context=context)
 

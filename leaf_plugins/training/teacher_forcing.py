@@ -40,7 +40,7 @@ from leaf_plugins.rollout.prompt_embedding import (
     left_padded_positions,
     prompt_embeddings_in_front,
 )
-from leaf_plugins.training.selected_logprobs import selected_logprobs
+from leaf_plugins.training.selected_logprobs import selected_logprobs, selected_logprobs_and_entropy
 
 __all__ = ["response_logprobs", "shares_prefix", "cache_keyword"]
 
@@ -54,9 +54,12 @@ def response_logprobs(
     temperature: float = 1.0,
     shared_prefix: bool | None = None,
     dropout_keys: RowKeys | None = None,
-) -> torch.Tensor:
+    entropy: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``[N, T]`` float32 log-probabilities of the response tokens under the policy
     distribution (logits / temperature), teacher forced, 0 on padding; differentiable.
+    With ``entropy``, also the ``[N, T]`` entropy of that distribution at each response
+    position (0 on padding), differentiable too: ``(logprobs, entropy)``.
 
     The prompts' embeddings (``inputs["inputs_embeds"]``, or computed here once per
     prompt) are shared by their responses; the output head runs on the ``T`` predicting
@@ -81,8 +84,24 @@ def response_logprobs(
     if shared_prefix is None:
         shared_prefix = len(prompt_index) > embeddings.shape[0]
     forced = _shared_prefix_pass if shared_prefix and shares_prefix(model) else _full_pass
-    logprobs = forced(model, inputs, embeddings, tokens, real, prompt_index, temperature, dropout_keys)
-    return torch.where(real, logprobs, 0.0)
+    logprobs, entropies = forced(model, inputs, embeddings, tokens, real, prompt_index,
+                                 _Heads(temperature, entropy), dropout_keys)
+    if not entropy:
+        return torch.where(real, logprobs, 0.0)
+    return torch.where(real, logprobs, 0.0), torch.where(real, entropies, 0.0)
+
+
+class _Heads:
+    """What a pass takes of its logits: the chosen tokens' log-probabilities at
+    ``temperature``, and their distributions' entropies where ``entropy`` is asked for."""
+
+    def __init__(self, temperature: float, entropy: bool) -> None:
+        self.temperature, self.entropy = temperature, entropy
+
+    def __call__(self, logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.entropy:
+            return selected_logprobs_and_entropy(logits, tokens, self.temperature)  # [N, W] each
+        return selected_logprobs(logits, tokens, self.temperature), None
 
 
 def shares_prefix(model: torch.nn.Module) -> bool:
@@ -95,8 +114,9 @@ def shares_prefix(model: torch.nn.Module) -> bool:
 
 def _full_pass(model: torch.nn.Module, inputs: dict[str, torch.Tensor], embeddings: torch.Tensor,
                tokens: torch.Tensor, real: torch.Tensor, prompt_index: torch.Tensor,
-               temperature: float, dropout_keys: RowKeys | None) -> torch.Tensor:
-    """``[N, T]`` log π of ``tokens``, every row over its own prompt copy and response."""
+               heads: _Heads, dropout_keys: RowKeys | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``[N, T]`` log π of ``tokens`` (and entropies, where asked), every row over its own
+    prompt copy and response."""
     prompt_ids, prompt_mask = inputs["input_ids"][prompt_index], inputs["attention_mask"][prompt_index]  # [N, L]
     prompt_width, width = prompt_ids.shape[1], tokens.shape[1]
     ids = torch.cat([prompt_ids, tokens], dim=1)  # [N, L+T]; the prompt part is replaced by its embeddings
@@ -108,15 +128,16 @@ def _full_pass(model: torch.nn.Module, inputs: dict[str, torch.Tensor], embeddin
     with prompt_embeddings_in_front(model, embeddings[prompt_index]), \
             head_on_positions(model, slice(prompt_width - 1, prompt_width + width - 1)):
         logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits  # [N, T, V]
-    return selected_logprobs(logits, tokens, temperature)
+    return heads(logits, tokens)
 
 
 def _shared_prefix_pass(model: torch.nn.Module, inputs: dict[str, torch.Tensor], embeddings: torch.Tensor,
                         tokens: torch.Tensor, real: torch.Tensor, prompt_index: torch.Tensor,
-                        temperature: float, dropout_keys: RowKeys | None) -> torch.Tensor:
-    """``[N, T]`` log π of ``tokens``: each prompt once, its keys and values selected for
-    its rows, then the responses' first ``T - 1`` tokens over them. Responses one token
-    wide get a padding column, so that the second forward call runs as on every process."""
+                        heads: _Heads, dropout_keys: RowKeys | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``[N, T]`` log π of ``tokens`` (and entropies, where asked): each prompt once, its
+    keys and values selected for its rows, then the responses' first ``T - 1`` tokens
+    over them. Responses one token wide get a padding column, so that the second forward
+    call runs as on every process."""
     width = tokens.shape[1]
     if width == 1:
         tokens = torch.cat([tokens, torch.zeros_like(tokens)], dim=1)  # [N, 2]
@@ -127,7 +148,7 @@ def _shared_prefix_pass(model: torch.nn.Module, inputs: dict[str, torch.Tensor],
     set_token_keys(None if dropout_keys is None else token_keys(dropout_keys.prompts, prompt_positions))  # [P, L]
     with prompt_embeddings_in_front(model, embeddings), head_on_positions(model, slice(prompt_width - 1, prompt_width)):
         prefix = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=prompt_positions, use_cache=True)
-    first = selected_logprobs(prefix.logits[prompt_index], tokens[:, :1], temperature)  # [N, 1]
+    first, first_entropy = heads(prefix.logits[prompt_index], tokens[:, :1])  # [N, 1]
     keyword = cache_keyword(model)
     cache = getattr(prefix, keyword)
     cache.batch_select_indices(prompt_index)  # each layer's [P, H, L, d] keys and values → [N, H, L, d]
@@ -136,7 +157,9 @@ def _shared_prefix_pass(model: torch.nn.Module, inputs: dict[str, torch.Tensor],
     set_token_keys(None if dropout_keys is None else token_keys(dropout_keys.responses, positions))  # [N, T-1]
     logits = model(input_ids=tokens[:, :-1], attention_mask=mask, position_ids=positions, use_cache=True,
                    **{keyword: cache}).logits  # [N, T-1, V]: the last token predicts nothing and is not run
-    return torch.cat([first, selected_logprobs(logits, tokens[:, 1:], temperature)], dim=1)[:, :width]
+    rest, rest_entropy = heads(logits, tokens[:, 1:])  # [N, T-1]
+    logprobs = torch.cat([first, rest], dim=1)[:, :width]
+    return logprobs, None if rest_entropy is None else torch.cat([first_entropy, rest_entropy], dim=1)[:, :width]
 
 
 def cache_keyword(model: torch.nn.Module) -> str:

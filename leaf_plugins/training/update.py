@@ -18,6 +18,14 @@ Every process makes the same collective calls whatever it holds: in each mini-ba
 runs as many micro-batches as the process with the most (the others' last ones are
 stand-ins of weight 0), each pass makes the same forward calls (``teacher_forcing.py``),
 and whether an update is finite is decided on the global loss and gradient norm.
+
+The reference pass (π_ref, the adapter disabled) runs once per micro-batch, at the first
+pass, only where the loss has a KL term or the trainer has not computed it already
+(``optim.kl_in: reward`` computes it before the estimator: ``reference_logprobs``); with
+``optim.kl_coefficient: 0`` it does not run at all. The first update's passes, at θ_old,
+also measure the gap between the rollout's log π and the trainer's
+(``importance_correction.mismatch_sums``), and with ``optim.rollout_correction`` weigh each
+token (``importance_correction.correction_weights``).
 """
 
 from __future__ import annotations
@@ -35,12 +43,21 @@ from leaf_plugins.training.aggregation import StepTotals, token_weights
 from leaf_plugins.training.finite import check_update
 from leaf_plugins.training.keyed_dropout import RowKeys, row_keys
 from leaf_plugins.training.lora import reference_policy
+from leaf_plugins.training.loss import LossSettings
 from leaf_plugins.training.optimization import clip_gradients, gradient_norm
+from leaf_plugins.training.importance_correction import correction_weights, mismatch_sums
 from leaf_plugins.training.sharding import gradients_accumulated_locally
 from leaf_plugins.training.teacher_forcing import response_logprobs
-from leaf_plugins.training.whole_step import micro_batch_numbers, micro_batches_per_process, mini_batch_positions
+from leaf_plugins.training.whole_step import PROMPT_WIDE, micro_batch_numbers
 
-__all__ = ["Learner", "StepData", "MicroBatch", "plan_micro_batches", "mini_batch_totals", "update_policy"]
+__all__ = ["Learner", "StepData", "MicroBatch", "plan_micro_batches", "mini_batch_totals", "update_policy",
+           "reference_logprobs", "UPDATE_COLUMNS"]
+
+UPDATE_COLUMNS = ("loss", "kl", "clip_fraction", "clip_fraction_low", "clip_fraction_high", "entropy_sum",
+                  "tokens", "gap_sum", "mismatch_kl_sum")
+"""What each micro-batch of an update adds to the step's table (summed over processes in
+step order): its share of the loss, KL and clip fractions (token weights), and sums over
+its response tokens of the entropy and (first update) the rollout/trainer gap."""
 
 
 @dataclass(frozen=True)
@@ -64,12 +81,14 @@ class StepData:
     counts (the normalisers of each mini-batch's loss, known without a collective)."""
 
     context: StepContext  # the step: its run config, this process's prompts and their model inputs
-    rollout: Rollout  # this process's responses
+    rollout: Rollout  # this process's responses (prompt_index: rows of context.inputs)
     advantages: torch.Tensor  # [n, T] this process's token advantages
     kept: torch.Tensor  # [n] bool, this process's rows whose group was not dropped
     whole: RolloutBatch  # the whole step's batch (every process's rows)
     whole_positions: torch.Tensor  # [N] each whole-step row's prompt position in the step
     whole_kept: torch.Tensor  # [N] bool, the whole step's rows that count
+    shares: tuple[tuple[int, ...], ...]  # each process's prompts' step positions (its inputs' rows, in order)
+    reference: torch.Tensor | None = None  # [n, T] log π_ref of this process's rows, where computed already
 
 
 @dataclass
@@ -87,7 +106,8 @@ class MicroBatch:
     weights: torch.Tensor  # [n, w] each token's weight in its update's loss (0: padding, dropped or a stand-in)
     advantages: torch.Tensor  # [n, w] on the device
     rollout_logprobs: torch.Tensor  # [n, w] the rollout's log π, on the device
-    reference: torch.Tensor | None = None  # [n, w] log π_ref, computed at the first pass
+    reference: torch.Tensor | None = None  # [n, w] log π_ref, given or computed at the first pass
+    rows: torch.Tensor | None = None  # [n] this process's rollout rows
     old: torch.Tensor | None = None  # [n, w] teacher-forced log π_old, computed before the first update
 
     def dropout_keys(self, seed: int, step: int, pass_number: int) -> RowKeys:
@@ -95,11 +115,11 @@ class MicroBatch:
         return row_keys(seed, step, pass_number, self.group_ids, self.prompt_index, self.inputs["input_ids"].shape[0])
 
 
-def plan_micro_batches(data: StepData, totals: StepTotals, mini_batch: int, world: int,
+def plan_micro_batches(data: StepData, totals: StepTotals, mini_batch: int, rank: int,
                        device: torch.device) -> list[MicroBatch]:
-    """This process's micro-batches of mini-batch ``mini_batch`` (the step's prompts at
-    positions ≡ ``mini_batch`` mod ``optim.mini_batches``), as many as the process of
-    the ``world`` with the most: where this one has fewer, stand-ins of its first prompt
+    """Process ``rank``'s micro-batches of mini-batch ``mini_batch`` (the step's prompts at
+    positions ≡ ``mini_batch`` mod ``optim.mini_batches``), as many as the process with
+    the most (``data.shares``): where this one has fewer, stand-ins of its first prompt
     with weight 0 make up the count, so that every process takes part in the same
     forward passes and collectives.
 
@@ -109,14 +129,12 @@ def plan_micro_batches(data: StepData, totals: StepTotals, mini_batch: int, worl
     context, rollout = data.context, data.rollout
     config = context.config
     optim, batch = config.optim, rollout.batch
-    first, count = context.first_prompt, len(context.examples)
-    positions = mini_batch_positions(range(first, first + count), mini_batch, optim.mini_batches)
-    numbers = micro_batch_numbers(positions, optim.micro_batch_prompts, optim.mini_batches)
-    runs = micro_batches_per_process(config.rollout.prompts_per_step, optim.micro_batch_prompts, world,
-                                     optim.mini_batches, mini_batch)
-    chunks = [([p - first for p, n in zip(positions, numbers) if n == number], number, True)
-              for number in dict.fromkeys(numbers)]
-    chunks += [([0], 0, False)] * (runs - len(chunks))  # stand-ins: this process's first prompt, weight 0
+    counts = [len(set(_numbers(share, mini_batch, optim.mini_batches, optim.micro_batch_prompts).values()))
+              for share in data.shares]
+    numbers = _numbers(data.shares[rank], mini_batch, optim.mini_batches, optim.micro_batch_prompts)  # local row -> n
+    chunks = [([local for local, n in numbers.items() if n == number], number, True)
+              for number in dict.fromkeys(numbers.values())]
+    chunks += [([0], 0, False)] * (max(max(counts), 1) - len(chunks))  # stand-ins: the first prompt, weight 0
     planned = []
     for local, number, real in chunks:
         chunk = torch.tensor(local)
@@ -132,8 +150,17 @@ def plan_micro_batches(data: StepData, totals: StepTotals, mini_batch: int, worl
             mask=(torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)).to(device),
             weights=weights.to(device), advantages=data.advantages[rows, :width].to(device),
             rollout_logprobs=batch.logprobs[rows, :width].to(device),
+            reference=None if data.reference is None else data.reference[rows, :width].to(device),
+            rows=rows,
         ))
     return planned
+
+
+def _numbers(share: tuple[int, ...], mini_batch: int, mini_batches: int, micro_batch_prompts: int) -> dict[int, int]:
+    """Local row (index in ``share``) -> micro-batch number of the prompts of ``share`` (step
+    positions) in mini-batch ``mini_batch`` (``whole_step.micro_batch_numbers``)."""
+    local = [index for index, position in enumerate(share) if position % mini_batches == mini_batch]
+    return dict(zip(local, micro_batch_numbers([share[index] for index in local], micro_batch_prompts, mini_batches)))
 
 
 def mini_batch_totals(lengths: torch.Tensor, positions: torch.Tensor, kept: torch.Tensor, mini_batch: int,
@@ -156,23 +183,20 @@ def update_policy(learner: Learner, data: StepData,
     Each optimizer step's global gradient norm is taken, the loss and norm checked
     finite, and the gradient clipped to ``optim.max_grad_norm``; the learning rate is the
     step's (the scheduler moves on in the trainer). Returns the mean over the updates of
-    their loss, KL, clip fraction and gradient norm (before clipping).
+    their loss, KL, clip fractions, entropy per token and gradient norm (before
+    clipping), and the first update's rollout/trainer gap.
 
     :param after_step: called after each optimizer step with its number in the step
         (0-based; the trainer's ``on_optimizer_step`` hook).
     """
     accelerator, config = learner.accelerator, data.context.config
     optim, device = config.optim, accelerator.device
-    data = StepData(data.context, data.rollout, data.advantages, data.kept.cpu(), data.whole, data.whole_positions,
-                    data.whole_kept)
-    plans = [plan_micro_batches(data, mini_batch_totals(data.whole.lengths, data.whole_positions, data.whole_kept,
-                                                        mini, optim.mini_batches),
-                                mini, accelerator.num_processes, device) for mini in range(optim.mini_batches)]
+    plans = _plans(learner, data)
     updates = optim.updates_per_rollout * optim.mini_batches
     per_mini = _micro_batches_per_mini_batch(config)
-    if optim.old_logprobs == "teacher_forced" and updates > 1:
+    if (optim.old_logprobs == "teacher_forced" or optim.rollout_correction != "none") and updates > 1:
         _teacher_forced_old(learner, data.context, plans)
-    table = torch.zeros(updates, per_mini, 3, dtype=torch.float64, device=device)  # loss, kl, clip of micro-batches
+    table = torch.zeros(updates, per_mini, len(UPDATE_COLUMNS), dtype=torch.float64, device=device)
     norms = []
     parameters = [p for p in learner.model.parameters() if p.requires_grad]
     for update in range(updates):
@@ -187,39 +211,102 @@ def update_policy(learner: Learner, data: StepData,
         norms.append(norm)
         learner.optimizer.step()
         after_step(update)
-    means = table.sum(dim=1).mean(dim=0)  # each update's sums over its micro-batches, averaged over the updates
-    return {"loss": float(means[0]), "kl": float(means[1]), "clip_fraction": float(means[2]),
+    sums = table.sum(dim=1)  # [updates, columns]: each update's sums over its micro-batches
+    means = sums.mean(dim=0)
+    column = {name: index for index, name in enumerate(UPDATE_COLUMNS)}
+    tokens = float(sums[:optim.mini_batches, column["tokens"]].sum())  # one pass over the rollout
+    return {"loss": float(means[column["loss"]]), "kl": float(means[column["kl"]]),
+            "clip_fraction": float(means[column["clip_fraction"]]),
+            "clip_fraction_low": float(means[column["clip_fraction_low"]]),
+            "clip_fraction_high": float(means[column["clip_fraction_high"]]),
+            "entropy": float(sums[:, column["entropy_sum"]].sum() / sums[:, column["tokens"]].sum().clamp(min=1)),
+            "rollout_logprob_gap": float(sums[:optim.mini_batches, column["gap_sum"]].sum()) / max(tokens, 1.0),
+            "rollout_kl": float(sums[:optim.mini_batches, column["mismatch_kl_sum"]].sum()) / max(tokens, 1.0),
             "grad_norm": sum(norms) / len(norms), "learning_rate": learner.optimizer.param_groups[0]["lr"]}
+
+
+def reference_logprobs(learner: Learner, context: StepContext, rollout: Rollout,
+                       shares: tuple[tuple[int, ...], ...]) -> torch.Tensor:
+    """``[n, T]`` log π_ref of this process's rows of ``rollout`` (0 on padding), through
+    the update's micro-batches (every process makes the same passes; ``shares``: each
+    process's step positions): for ``optim.kl_in: reward``, which needs them before the
+    estimator. The update then reuses them (``StepData.reference``)."""
+    batch = rollout.batch
+    everything = torch.ones(batch.size, dtype=torch.bool)  # [n] (the weights are not read)
+    positions = torch.tensor([shares[learner.accelerator.process_index][int(p)] for p in rollout.prompt_index])
+    data = StepData(context, rollout, torch.zeros(batch.tokens.shape), everything, batch, positions, everything, shares)
+    out = torch.zeros(batch.size, batch.width, dtype=torch.float32)
+    for planned in _plans(learner, data):
+        for micro in planned:
+            _reference_pass(learner, micro, context.config.rollout.temperature)
+            out[micro.rows, : micro.reference.shape[1]] = micro.reference.float().cpu()  # a stand-in: the same values
+    return out
+
+
+def _plans(learner: Learner, data: StepData) -> list[list[MicroBatch]]:
+    """This process's micro-batches of every mini-batch of the step."""
+    optim = data.context.config.optim
+    data = StepData(data.context, data.rollout, data.advantages, data.kept.cpu(), data.whole, data.whole_positions,
+                    data.whole_kept, data.shares, data.reference)
+    return [plan_micro_batches(data, mini_batch_totals(data.whole.lengths, data.whole_positions, data.whole_kept,
+                                                       mini, optim.mini_batches),
+                               mini, learner.accelerator.process_index, learner.accelerator.device)
+            for mini in range(optim.mini_batches)]
+
+
+def _reference_pass(learner: Learner, micro: MicroBatch, temperature: float) -> None:
+    """``micro.reference``: log π_ref of its rows (the adapter disabled), unless known."""
+    if micro.reference is None:
+        with torch.no_grad(), reference_policy(learner.policy):
+            micro.reference = response_logprobs(learner.policy, micro.inputs, micro.tokens, micro.lengths,
+                                                micro.prompt_index, temperature, shared_prefix=True)
 
 
 def _backward(learner: Learner, context: StepContext, planned: list[MicroBatch], table: torch.Tensor,
               pass_number: int) -> None:
     """Forward and backward over ``planned`` (one update of pass ``pass_number``),
     gradients synchronised across processes at the last micro-batch; each micro-batch's
-    own loss, KL and clip share go into ``table`` ``[micro-batches, 3]`` at its number."""
+    own ``UPDATE_COLUMNS`` go into ``table`` ``[micro-batches, columns]`` at its number."""
     accelerator, config = learner.accelerator, context.config
-    temperature = config.rollout.temperature
+    optim, temperature = config.optim, config.rollout.temperature
+    settings = LossSettings.of(optim)
+    correcting = optim.rollout_correction != "none"
+    first_update = pass_number == 0
     for index, micro in enumerate(planned):
-        if micro.reference is None:
-            with torch.no_grad(), reference_policy(learner.policy):
-                micro.reference = response_logprobs(learner.policy, micro.inputs, micro.tokens, micro.lengths,
-                                                    micro.prompt_index, temperature, shared_prefix=True)
+        if settings.needs_reference:  # no KL term anywhere: no reference pass
+            _reference_pass(learner, micro, temperature)
         sync = (gradients_accumulated_locally(accelerator, learner.model) if index < len(planned) - 1
                 else contextlib.nullcontext())  # DDP's no_sync, FSDP2's set_requires_gradient_sync(False)
         with sync:
-            current = response_logprobs(learner.model, micro.inputs, micro.tokens, micro.lengths, micro.prompt_index,
-                                        temperature, shared_prefix=True,
-                                        dropout_keys=micro.dropout_keys(config.seed, context.step, pass_number))
-            if config.optim.old_logprobs == "rollout":
-                old = micro.rollout_logprobs
-            else:  # teacher_forced: before the first update (one update: this very pass)
-                old = micro.old if micro.old is not None else current.detach()
+            current, entropy = response_logprobs(learner.model, micro.inputs, micro.tokens, micro.lengths,
+                                                 micro.prompt_index, temperature, shared_prefix=True,
+                                                 dropout_keys=micro.dropout_keys(config.seed, context.step,
+                                                                                 pass_number), entropy=True)
+            trained_old = micro.old if micro.old is not None else current.detach()  # the trainer's log π at θ_old
+            old = micro.rollout_logprobs if optim.old_logprobs == "rollout" and not correcting else trained_old
+            correction = (correction_weights(trained_old, micro.rollout_logprobs, micro.mask, optim.rollout_correction,
+                                             optim.rollout_correction_level, optim.rollout_correction_cap)
+                          if correcting else None)
             loss = learner.compute_loss(
                 context=context, logprobs=current, old_logprobs=old, reference_logprobs=micro.reference,
-                advantages=micro.advantages, mask=micro.mask, weights=micro.weights,
+                advantages=micro.advantages, mask=micro.mask, weights=micro.weights, entropy=entropy,
+                correction=correction,
             )
             accelerator.backward(loss.loss * accelerator.num_processes)  # DDP averages over processes
-        table[micro.number] += torch.stack([loss.loss.detach(), loss.kl, loss.clip_fraction]).double()
+        counted = micro.mask & (micro.weights > 0)  # the response tokens this micro-batch trains (not a stand-in's)
+        gap = (mismatch_sums(trained_old, micro.rollout_logprobs, counted) if first_update
+               else torch.zeros(2, dtype=torch.float64, device=table.device))
+        table[micro.number] += torch.stack([
+            _scalar(loss.loss, table), _scalar(loss.kl, table), _scalar(loss.clip_fraction, table),
+            _scalar(loss.clip_fraction_low, table), _scalar(loss.clip_fraction_high, table),
+            (entropy.detach().double() * counted).sum(), counted.sum().double(), *gap,
+        ]).to(table.device)
+
+
+def _scalar(value: torch.Tensor | None, table: torch.Tensor) -> torch.Tensor:
+    """A loss statistic as a float64 scalar on the table's device (0 where the loss gave none)."""
+    return (torch.zeros((), dtype=table.dtype, device=table.device) if value is None
+            else value.detach().to(device=table.device, dtype=table.dtype))
 
 
 def _teacher_forced_old(learner: Learner, context: StepContext, plans: list[list[MicroBatch]]) -> None:
@@ -246,10 +333,6 @@ def _summed_over_processes(table: torch.Tensor, accelerator: Any) -> torch.Tenso
     """``table`` summed over the processes: an entry is one process's value plus zeros
     (exact), or a micro-batch's parts on the processes whose shares it straddles."""
     return accelerator.reduce(table, reduction="sum") if accelerator.num_processes > 1 else table
-
-
-PROMPT_WIDE = ("input_ids", "attention_mask", "inputs_embeds")
-"""The model inputs laid out along the prompt's (left-padded) positions."""
 
 
 def _own_extent(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

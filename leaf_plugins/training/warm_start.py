@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from leaf_plugins.core.interrupts import interrupt_point
 from leaf_plugins.core.plugins import PluginHost, get_host
-from leaf_plugins.tasks.base import Example
+from leaf_plugins.core.task import Example
 from leaf_plugins.training.config import BackboneConfig, TaskConfig
 from leaf_plugins.training.durable import fsync_directory, fsync_tree
 from leaf_plugins.training.ranges import WARM_START_RANGES

@@ -27,8 +27,12 @@ from leaf_plugins.core.batch import PAD_TOKEN, PER_TOKEN_FIELDS, RolloutBatch
 from leaf_plugins.core.errors import ConfigError, LeafError
 from leaf_plugins.core.stages import Rollout
 
-__all__ = ["prompt_share", "micro_batch_numbers", "mini_batch_positions", "micro_batches_per_process", "check_world",
-           "WholeStep", "gather_rollout", "RolloutGatherError"]
+__all__ = ["PROMPT_WIDE", "prompt_share", "micro_batch_numbers", "mini_batch_positions", "micro_batches_per_process",
+           "check_world", "WholeStep", "gather_rollout", "RolloutGatherError"]
+
+PROMPT_WIDE = ("input_ids", "attention_mask", "inputs_embeds")
+"""The model inputs laid out along the prompt's (left-padded) positions: what a step's
+passes read of its prompts (``inputs_embeds`` holds the audio)."""
 
 
 def prompt_share(prompts: int, rank: int, world: int) -> range:
@@ -89,15 +93,18 @@ class WholeStep:
     rollout: Rollout  # every process's responses in rank order; prompt_index counts the step's prompts
     rewards: torch.Tensor  # [N] float32 (may hold the non-finite rewards the trainer then screens)
     rows: list[range]  # the whole rollout's rows of each process (rank r's: rows[r])
+    columns: torch.Tensor | None = None  # [N, C] float32 further values per response, gathered with the rewards
 
 
 def gather_rollout(rollout: Rollout, rewards: torch.Tensor, share: range, device: torch.device,
-                   step: int = 0) -> WholeStep:
+                   step: int = 0, columns: torch.Tensor | None = None) -> WholeStep:
     """Gather every process's rollout of the step (``share``: this process's prompt
     positions) onto every process, over the default process group; ``device``: the one
     the process group communicates on (CUDA for NCCL). Three collectives: a header (each
     process's shape, per-token fields, group ids and texts), then one integer and one
-    float table, each the same call on every process whatever it sampled.
+    float table, each the same call on every process whatever it sampled. ``columns``
+    ``[n, C]``: further float values per response gathered in the float table (the
+    configured rewards' scores, a KL penalty).
 
     :raises RolloutGatherError: on every process alike, when the processes' rollouts
         cannot form one step: a group id sampled by two processes (a rollout plugin that
@@ -107,8 +114,10 @@ def gather_rollout(rollout: Rollout, rewards: torch.Tensor, share: range, device
     """
     batch = rollout.batch
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if columns is None:
+        columns = torch.zeros(batch.size, 0)
     if world == 1:
-        return WholeStep(rollout, rewards, [range(batch.size)])
+        return WholeStep(rollout, rewards, [range(batch.size)], columns.to(torch.float32))
     fields = [name for name in PER_TOKEN_FIELDS if getattr(batch, name) is not None]
     fields += sorted(batch.extra)  # a backend's or plugin's own per-token fields
     header = {"size": batch.size, "width": batch.width, "fields": fields,
@@ -124,10 +133,15 @@ def gather_rollout(rollout: Rollout, rewards: torch.Tensor, share: range, device
     integers[: batch.size, width] = batch.lengths.to(device)
     integers[: batch.size, width + 1] = batch.group_ids.to(device)
     integers[: batch.size, width + 2] = rollout.prompt_index.to(device) + share.start
-    floats = torch.zeros(rows, 1 + len(fields) * width, dtype=torch.float32, device=device)  # reward | fields
+    extra_columns = columns.shape[1]
+    floats = torch.zeros(rows, 1 + extra_columns + len(fields) * width, dtype=torch.float32,
+                         device=device)  # reward | columns | fields
     floats[: batch.size, 0] = rewards.to(device=device, dtype=torch.float32)
+    floats[: batch.size, 1 : 1 + extra_columns] = columns.to(device=device, dtype=torch.float32)
+    first = 1 + extra_columns
     for number, name in enumerate(fields):
-        floats[: batch.size, 1 + number * width : 1 + number * width + batch.width] = batch.token_field(name).to(device)
+        floats[: batch.size, first + number * width : first + number * width + batch.width] = \
+            batch.token_field(name).to(device)
     gathered_integers = [torch.empty_like(integers) for _ in range(world)]
     gathered_floats = [torch.empty_like(floats) for _ in range(world)]
     dist.all_gather(gathered_integers, integers)
@@ -135,8 +149,8 @@ def gather_rollout(rollout: Rollout, rewards: torch.Tensor, share: range, device
 
     home = batch.tokens.device
     integers = torch.cat([block[:n] for block, (n, _) in zip(gathered_integers, sizes)]).to(home)  # [N, width + 3]
-    floats = torch.cat([block[:n] for block, (n, _) in zip(gathered_floats, sizes)]).to(home)  # [N, 1 + F·width]
-    per_token = {name: floats[:, 1 + number * width : 1 + (number + 1) * width].contiguous()
+    floats = torch.cat([block[:n] for block, (n, _) in zip(gathered_floats, sizes)]).to(home)  # [N, 1 + C + F·w]
+    per_token = {name: floats[:, first + number * width : first + (number + 1) * width].contiguous()
                  for number, name in enumerate(fields)}
     whole = RolloutBatch(tokens=integers[:, :width].contiguous(), lengths=integers[:, width].contiguous(),
                          group_ids=integers[:, width + 1].contiguous(), rewards=torch.zeros_like(floats[:, 0]),
@@ -149,6 +163,7 @@ def gather_rollout(rollout: Rollout, rewards: torch.Tensor, share: range, device
                 texts=[text for h in headers for text in h["texts"]]),
         floats[:, 0].contiguous(),
         [range(starts[r], starts[r + 1]) for r in range(world)],
+        floats[:, 1:first].contiguous(),
     )
 
 

@@ -21,6 +21,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.fsdp._fully_shard import _fsdp_param_group
 
 from leaf_plugins import get_host
+from leaf_plugins.core.stages import RolloutRequest
 from leaf_plugins.rollout.generation_weights import gathered_for_generation
 from leaf_plugins.training.lora import attach_lora
 from leaf_plugins.rollout.prompt_embedding import language_model_of
@@ -44,7 +45,7 @@ def main(output: Path) -> None:
 
     def rollout(backend):
         torch.manual_seed(1)
-        return sample_responses(model, loaded, inputs, group_size=2, max_new_tokens=6, backend=backend)
+        return sample_responses(RolloutRequest(model, loaded, inputs, group_size=2, max_new_tokens=6), backend=backend)
 
     backends = ("generate", "static")
     unsharded = {backend: rollout(backend) for backend in backends}

@@ -1,7 +1,9 @@
 """Under ``torchrun`` / ``accelerate launch`` (or as one plain process): short runs of
 every built-in estimator, a run whose poisoned groups are dropped, a run of several
-clipped updates per rollout on a schedule ("updates") and one of two prompts a
-micro-batch ("micro_batches"), on 7 prompts a
+clipped updates per rollout on a schedule ("updates"), one of two prompts a
+micro-batch ("micro_batches") and one of the current recipes' settings at once
+("recipe": dynamic sampling over flat groups, clip-higher, GSPO's sequence ratio, k2 in
+the reward, an entropy bonus, TIS, the overlong penalty, a reward list), on 7 prompts a
 step (uneven shares on 2 and 3 processes) with LoRA dropout on; rank 0 saves each run's
 metrics, its rollout log and its first and final adapter, every rank its adapter's checksum.
 
@@ -27,6 +29,7 @@ from test_training_finite import poisoned_examples, poisoned_host  # noqa: E402
 ESTIMATORS = ("grpo", "leaf", "collision", "full_tree", "otb", "tree_rloo", "tree_otb")
 POISONED = {2, 8, 5}  # examples whose reward is NaN in the run "dropped": step 1 samples 2 and 8 at its last two
 # positions (the whole share of the third of 3 processes), step 2 samples 5 at its last
+FLAT = set(range(0, 16, 2))  # examples whose rewards are all 0 in the run "recipe": dynamic sampling samples more
 
 
 def settings(output: Path, estimator: str, reward: str = "vowel_share") -> TrainConfig:
@@ -49,11 +52,20 @@ def main(output: Path, estimators: list[str]) -> None:
     if "micro_batches" in estimators:  # two prompts a micro-batch, cut at other places by the shares: keyed dropout
         runs["micro_batches"] = settings(output / "micro_batches", "leaf")
         runs["micro_batches"].optim = OptimConfig(learning_rate=3e-2, micro_batch_prompts=2)
+    if "recipe" in estimators:  # rounds of prompts keyed like the first: every process samples what one does
+        runs["recipe"] = dataclasses.replace(
+            settings(output / "recipe", "leaf", "flat_on_poison"), reward=[{"name": "flat_on_poison", "weight": 2.0}],
+            rollout=RolloutConfig(group_size=4, prompts_per_step=7, max_new_tokens=8, dynamic_sampling=True,
+                                  max_sampling_rounds=3, overlong="penalty", overlong_buffer=4),
+            optim=OptimConfig(learning_rate=3e-2, micro_batch_prompts=1, clip_epsilon_high=0.28,
+                              importance_sampling_level="sequence", kl_in="reward", kl_estimator="k2",
+                              entropy_coefficient=0.001, rollout_correction="tis"))
     if "dropped" in estimators:
         runs["dropped"] = dataclasses.replace(settings(output / "dropped", "leaf", "nan_on_poison"),
                                               nonfinite_rewards="drop_group")
     for name, config in runs.items():
-        trainer = Trainer(config, poisoned_examples(POISONED if name == "dropped" else set()), host=poisoned_host())
+        poisoned = POISONED if name == "dropped" else FLAT if name == "recipe" else set()
+        trainer = Trainer(config, poisoned_examples(poisoned), host=poisoned_host())
         start = lora_state(trainer.policy)
         trainer.run()
         state = lora_state(trainer.policy)
@@ -65,4 +77,4 @@ def main(output: Path, estimators: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2:] or [*ESTIMATORS, "dropped", "updates", "micro_batches"])
+    main(Path(sys.argv[1]), sys.argv[2:] or [*ESTIMATORS, "dropped", "updates", "micro_batches", "recipe"])

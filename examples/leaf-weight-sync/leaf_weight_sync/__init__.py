@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from leaf_plugins import hookimpl
+from leaf_plugins import hookimpl, parameterised
 
 
 @dataclass(frozen=True)
@@ -37,10 +37,9 @@ class WeightSyncParams:
             raise ValueError(f"record must be a file name (no directory), got {self.record!r}")
 
 
+@parameterised(WeightSyncParams)
 class WeightSync:
     """Pushes the adapter to a (stub) rollout engine after every N-th optimizer step."""
-
-    parameters = WeightSyncParams
 
     def __init__(self, params: WeightSyncParams) -> None:
         self.params = params

@@ -12,8 +12,7 @@ import torch
 
 from leaf_plugins.core.batch import GroupLayout, RolloutBatch, group_mean, group_sum
 
-__all__ = ["group_sum", "group_total", "group_mean", "group_std", "pooled_std", "group_extreme", "per_response",
-           "by_group", "root_values"]
+__all__ = ["group_total", "group_std", "pooled_std", "group_extreme", "per_response", "by_group", "root_values"]
 
 
 def group_total(values: torch.Tensor, layout: GroupLayout) -> torch.Tensor:

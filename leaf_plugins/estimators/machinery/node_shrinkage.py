@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import torch
 
-from leaf_plugins.core.batch import RolloutBatch
+from leaf_plugins.core.batch import RolloutBatch, group_sum
 from leaf_plugins.core.tree import Nodes
-from leaf_plugins.estimators.machinery.group_stats import group_std, group_sum, per_response, pooled_std, root_values
+from leaf_plugins.estimators.machinery.group_stats import group_std, per_response, pooled_std, root_values
 from leaf_plugins.estimators.parameters import TreeRLOOParams
 
 __all__ = ["auto_shrink", "node_shrink", "group_scale", "MAX_SHRINK", "FALLBACK_SHRINK"]

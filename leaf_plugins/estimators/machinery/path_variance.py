@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
-from leaf_plugins.core.batch import GroupLayout, RolloutBatch
+from leaf_plugins.core.batch import GroupLayout, RolloutBatch, group_sum
 from leaf_plugins.core.errors import ConfigError
-from leaf_plugins.estimators.machinery.group_stats import by_group, group_sum, per_response
+from leaf_plugins.estimators.machinery.group_stats import by_group, per_response
 from leaf_plugins.estimators.machinery.scratch import scratch
 
 __all__ = ["optimal_token_baselines", "path_weights", "token_weights", "stable_token_weights", "real_tokens",

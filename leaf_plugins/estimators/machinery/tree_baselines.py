@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from leaf_plugins.core.batch import RolloutBatch
+from leaf_plugins.core.batch import RolloutBatch, group_sum
 from leaf_plugins.core.tree import Nodes
-from leaf_plugins.estimators.machinery.group_stats import group_sum, per_response
+from leaf_plugins.estimators.machinery.group_stats import per_response
 from leaf_plugins.estimators.machinery.painting import paint_segments
 
 __all__ = ["PathBaselines", "path_baselines"]

@@ -46,10 +46,10 @@ from typing import Literal
 
 import torch
 
-from leaf_plugins.core.batch import RolloutBatch
+from leaf_plugins.core.batch import RolloutBatch, group_sum
 from leaf_plugins.core.hookspecs import hookimpl
 from leaf_plugins.core.tree import Boundaries, Nodes
-from leaf_plugins.estimators.machinery.group_stats import by_group, group_extreme, group_sum, per_response
+from leaf_plugins.estimators.machinery.group_stats import by_group, group_extreme, per_response
 from leaf_plugins.estimators.machinery.node_shrinkage import group_scale, node_shrink
 from leaf_plugins.estimators.machinery.nodes import boundary_nodes
 from leaf_plugins.estimators.machinery.path_variance import (RunningWeights, real_tokens, replaced_reward_advantages,

@@ -60,8 +60,8 @@ from dataclasses import dataclass
 
 import torch
 
-from leaf_plugins.core.batch import GroupLayout, RolloutBatch
-from leaf_plugins.estimators.machinery.group_stats import group_sum, per_response
+from leaf_plugins.core.batch import GroupLayout, RolloutBatch, group_sum
+from leaf_plugins.estimators.machinery.group_stats import per_response
 from leaf_plugins.estimators.machinery.prefixes import SortedPrefixes
 from leaf_plugins.estimators.machinery.scratch import scratch
 

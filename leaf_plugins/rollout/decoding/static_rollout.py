@@ -33,16 +33,16 @@ static buffers, producing the same ``Rollout`` as the ``generate`` backend.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterator
 
 import torch
 
-from leaf_plugins.backbones.base import LoadedBackbone
-from leaf_plugins.core.stages import Rollout
+from leaf_plugins.core.stages import Rollout, RolloutRequest
 from leaf_plugins.rollout.decoding.cuda_graph import Capture, GraphedStep, GraphUnusable, cuda_capture
 from leaf_plugins.rollout.decoding.decode_state import DecodeState
 from leaf_plugins.rollout.decoding.family import DecoderFamily, decoder_family
@@ -210,25 +210,10 @@ def _new_decoder(family: DecoderFamily, model: torch.nn.Module, weights: tuple, 
 
 
 @torch.no_grad()
-def static_rollout(
-    model: torch.nn.Module,
-    loaded: LoadedBackbone,
-    inputs: dict[str, torch.Tensor],
-    group_size: int,
-    max_new_tokens: int = 200,
-    temperature: float = 1.0,
-    top_p: float = 0.9,
-    surprisal_from: str = "sampling",
-    group_ids: Sequence[int] | None = None,
-    seed: int | None = None,
-    sum_pi_squared: bool = True,
-    cuda_graph: bool = True,
-    fold: bool | None = None,
-    capture: Capture | None = None,
-    timer: PhaseTimer | None = None,
-) -> Rollout:
-    """Sample ``group_size`` responses for every prompt of ``inputs`` (left padded) with
-    the static decode loop; arguments and result as ``sample_responses``.
+def static_rollout(request: RolloutRequest, cuda_graph: bool = True, fold: bool | None = None,
+                   capture: Capture | None = None, timer: PhaseTimer | None = None) -> Rollout:
+    """Sample ``request.group_size`` responses for every prompt of ``request.inputs``
+    (left padded) with the static decode loop; result as ``sample_responses``.
 
     :param cuda_graph: on CUDA, capture the decode step once and replay it (False: run
         it eagerly, e.g. to profile it).
@@ -241,27 +226,30 @@ def static_rollout(
         captures) and of the decode loop.
     :raises TypeError: the model is not one the loop supports (``family.decoder_family``).
     """
-    seed = sampling_seed(seed)
-    arguments = (model, loaded, inputs, group_size, max_new_tokens, temperature, top_p, surprisal_from, group_ids,
-                 seed, sum_pi_squared)
+    model = request.model
+    seed = sampling_seed(request.seed)
+    keyed = dataclasses.replace(request, seed=seed)  # a fallback to generate draws what the loop would have drawn
     if model in _failures:
-        return generate_rollout(*arguments)
+        return generate_rollout(keyed)
     family = decoder_family(model)
     try:
         with _evaluating(model):
-            return _sample(family, *arguments, cuda_graph=cuda_graph, fold=fold, capture=capture, timer=timer)
+            return _sample(family, request, seed, cuda_graph, fold, capture, timer)
     except GraphUnusable as error:
         _failures[model] = str(error)
         _captures.pop(model, None)
         warnings.warn(f"rollout.backend=static: {error}; this and later rollouts of this model use Hugging Face "
                       "generate (rollout.backend=generate) instead", stacklevel=2)
-        return generate_rollout(*arguments)
+        return generate_rollout(keyed)
 
 
-def _sample(family: DecoderFamily, model: torch.nn.Module, loaded: LoadedBackbone, inputs: dict[str, torch.Tensor],
-            group_size: int, max_new_tokens: int, temperature: float, top_p: float, surprisal_from: str,
-            group_ids: Sequence[int] | None, seed: int, sum_pi_squared: bool, cuda_graph: bool, fold: bool | None,
+def _sample(family: DecoderFamily, request: RolloutRequest, seed: int, cuda_graph: bool, fold: bool | None,
             capture: Capture | None, timer: PhaseTimer | None) -> Rollout:
+    """``static_rollout``'s loop, drawing from the keys of ``seed`` (``request.seed``
+    resolved)."""
+    model, loaded, inputs, group_size = request.model, request.loaded, request.inputs, request.group_size
+    max_new_tokens, temperature, top_p = request.max_new_tokens, request.temperature, request.top_p
+    group_ids, sum_pi_squared = request.group_ids, request.computes("sum_pi_squared")
     tokenizer = loaded.tokenizer
     embeddings = inputs["inputs_embeds"] if "inputs_embeds" in inputs else embed_prompts(model, inputs)  # [P, L, H]
     device = embeddings.device
@@ -336,7 +324,7 @@ def _sample(family: DecoderFamily, model: torch.nn.Module, loaded: LoadedBackbon
             timer.mark("decode")
             timer.decode_steps = steps_after_capture
     cut = slice(0, int(response_lengths(state.generated, tokenizer.eos_token_id).max()))  # generate's width
-    surprisal = -state.sampling_logprobs if surprisal_from == "sampling" else -state.logprobs
+    surprisal = -state.sampling_logprobs if request.surprisal_from == "sampling" else -state.logprobs
     return assemble_rollout(tokenizer, state.generated[:, cut], state.logprobs[:, cut], surprisal[:, cut],
                             state.sum_pi_squared[:, cut] if sum_pi_squared else None, logits.shape[-1], group_size,
                             group_ids)

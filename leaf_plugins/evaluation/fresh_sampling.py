@@ -12,7 +12,7 @@ import torch
 from leaf_plugins.core.batch import RolloutBatch
 from leaf_plugins.core.parameters import configured
 from leaf_plugins.core.plugins import PluginHost, get_host
-from leaf_plugins.evaluation.sampling import load_policy, sample_groups
+from leaf_plugins.evaluation.sampling import Sampling, load_policy, sample_groups
 from leaf_plugins.training.config import TrainConfig, task_examples
 
 __all__ = ["sampled_batches"]
@@ -29,9 +29,8 @@ def sampled_batches(
     reward = configured("reward", config.reward, host.rewards.get(config.reward), config.reward_params)
     policy = load_policy(config.backbone, run_dir, host)
     settings = config.rollout
-    for rollout in sample_groups(policy, examples, settings.group_size, settings.temperature, settings.top_p,
-                                 settings.max_new_tokens, settings.prompts_per_step, config.seed,
-                                 description="sampling rollouts", backend=settings.backend,
-                                 backend_params=settings.backend_params):
+    sampling = Sampling(settings.group_size, settings.temperature, settings.top_p, settings.max_new_tokens,
+                        settings.prompts_per_step, config.seed, settings.backend, settings.backend_params)
+    for rollout in sample_groups(policy, examples, sampling, description="sampling rollouts"):
         references = [examples[int(i)].reference for i in rollout.batch.group_ids]
         yield rollout.batch.with_rewards(torch.tensor(reward(rollout.texts, references), dtype=torch.float32))

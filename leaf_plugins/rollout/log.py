@@ -1,4 +1,5 @@
 """Rollout logs: JSONL, one rollout group per line; writer, streaming reader, observer.
+A training run writes one (``log_rollouts: true``), the forkability analysis reads it.
 
 A line holds ``step`` (int), ``group_id`` (int), ``prompt_id`` (int or str), ``tokens``
 (list of K token-id lists), ``rewards`` (K floats), ``surprisal`` (K lists, one value
