@@ -24,13 +24,18 @@ checkpointing recomputes the layers with the same masks. A forward in training m
 without keys (another trainer of the model, such as TRL's) draws from torch's generator
 as ``nn.Dropout`` does.
 
-The hash is the rollout's splitmix64 (``rollout/decoding/keyed_draw.py``); an element is
-kept where its 24-bit uniform is at least the dropout probability.
+The hash is the rollout's splitmix64 (``rollout/decoding/keyed_draw.py``). One 64-bit
+hash of (token, group of 4 features) gives the four features their 16-bit uniforms, read
+as the hash's four 16-bit fields in memory order (the same on every little-endian
+machine, which all of torch's builds are), and an element is kept where its uniform is
+at least ``ceil(p · 2^16)``: the drop probability is p rounded up to a multiple of 2^-16.
+A quarter of the elements are hashed, and the rest is one comparison of int16 fields.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 
 import torch
@@ -39,7 +44,8 @@ from leaf_plugins.rollout.decoding.keyed_draw import mix64
 
 __all__ = ["KeyedDropout", "RowKeys", "row_keys", "token_keys", "set_token_keys", "install_keyed_dropout"]
 
-_UNIFORM_BITS = 24
+_FIELDS_PER_WORD = 4  # 16-bit uniforms per 64-bit hash
+_FIELD_VALUES = 1 << 16
 _current: list[torch.Tensor | None] = [None]  # [B, S] int64 keys of the tokens of the latest keyed forward
 
 
@@ -100,18 +106,20 @@ class KeyedDropout(torch.nn.Module):
         super().__init__()
         self.p = p
         self.salt = salt
-        self._features: dict[tuple[int, torch.device], torch.Tensor] = {}
+        # kept where the field, read as a signed int16, is at least this (ceil(p·2^16) − 2^15)
+        self._keep_from = math.ceil(p * _FIELD_VALUES) - _FIELD_VALUES // 2
+        self._words: dict[tuple[int, torch.device], torch.Tensor] = {}
 
     def extra_repr(self) -> str:
         return f"p={self.p}, salt={self.salt}"
 
-    def _feature_words(self, width: int, device: torch.device) -> torch.Tensor:
-        """``[H]`` int64 words of the features of this layer (cached per width and device)."""
-        cached = self._features.get((width, device))
+    def _feature_words(self, words: int, device: torch.device) -> torch.Tensor:
+        """``[W]`` int64 words of this layer's groups of 4 features (cached per count and device)."""
+        cached = self._words.get((words, device))
         if cached is None:
             base = mix64(torch.tensor(self.salt, dtype=torch.int64))
-            cached = mix64(base + torch.arange(width, dtype=torch.int64)).to(device)
-            self._features[(width, device)] = cached
+            cached = mix64(base + torch.arange(words, dtype=torch.int64)).to(device)
+            self._words[(words, device)] = cached
         return cached
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, S, H]
@@ -123,10 +131,12 @@ class KeyedDropout(torch.nn.Module):
         if tuple(keys.shape) != tuple(x.shape[:-1]):
             raise RuntimeError(f"keyed dropout: token keys of shape {tuple(keys.shape)} for an input of shape "
                                f"{tuple(x.shape)}: the keys were set for another forward pass")
-        words = mix64(keys.to(x.device).unsqueeze(-1) ^ self._feature_words(x.shape[-1], x.device))  # [B, S, H]
-        uniforms = ((words >> (64 - _UNIFORM_BITS)) & ((1 << _UNIFORM_BITS) - 1)).to(torch.float32)
-        keep = uniforms >= self.p * (1 << _UNIFORM_BITS)  # [B, S, H]
-        return x * keep.to(x.dtype) * (1.0 / (1.0 - self.p))
+        width = x.shape[-1]
+        words = -(-width // _FIELDS_PER_WORD)
+        hashes = mix64(keys.to(x.device).unsqueeze(-1) ^ self._feature_words(words, x.device))  # [B, S, W]
+        fields = hashes.view(torch.int16)[..., :width]  # [B, S, H]: four uniforms per hash, offset by 2^15
+        keep = fields >= self._keep_from  # [B, S, H]
+        return x * keep * (1.0 / (1.0 - self.p))
 
 
 def install_keyed_dropout(model: torch.nn.Module) -> int:
