@@ -28,6 +28,7 @@ to π_ref (``optim.kl_in: reward``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Callable, Sequence
 
 import torch
@@ -41,7 +42,7 @@ from leaf_plugins.training.loss import LossSettings, kl_estimate
 from leaf_plugins.training.overlong import overlong_buffer, overlong_penalty, truncated
 from leaf_plugins.training.whole_step import PROMPT_WIDE, WholeStep, gather_rollout, prompt_share
 
-__all__ = ["SampledRound", "AssembledStep", "sample_round", "informative_groups", "choose_groups", "assemble_step",
+__all__ = ["SampledRound", "AssembledStep", "sample_round", "choose_groups", "assemble_step",
            "round_seed"]
 
 
@@ -61,6 +62,23 @@ class SampledRound:
     kl: torch.Tensor | None  # [N] each response's summed KL to π_ref (optim.kl_in: reward)
     reference: torch.Tensor | None  # [n, T] log π_ref of this process's rows (optim.kl_in: reward)
     dropped: list[int]  # the round's prompt positions with a non-finite reward (drop_group)
+
+    @cached_property
+    def informative(self) -> tuple[int, ...]:
+        """The round's prompt positions whose scores (the scorer's rewards, before an
+        overlong penalty or a KL is subtracted: those vary with every response and would
+        make every group look informative) are not all equal and all finite."""
+        positions = self.whole.rollout.prompt_index.to(self.scores.device)  # [N]
+        prompts = len(self.examples)
+        finite = torch.isfinite(self.scores)  # [N]
+        values = torch.where(finite, self.scores, torch.zeros_like(self.scores))
+        low = torch.full((prompts,), float("inf"), dtype=values.dtype, device=values.device)
+        low = low.scatter_reduce(0, positions, values, "amin")  # [P]
+        high = torch.full_like(low, float("-inf")).scatter_reduce(0, positions, values, "amax")  # [P]
+        responses = torch.bincount(positions, minlength=prompts)  # [P]
+        all_finite = torch.bincount(positions, weights=finite.to(torch.float64), minlength=prompts) == responses
+        varied = (responses > 0) & all_finite & (high > low)  # [P]
+        return tuple(position for position in varied.nonzero().squeeze(1).tolist() if position not in self.dropped)
 
 
 @dataclass
@@ -141,26 +159,11 @@ def sample_round(number: int, examples: list[Example], context_of: Callable[[lis
                         reference, dropped)
 
 
-def informative_groups(sampled: SampledRound) -> list[int]:
-    """The round's prompt positions whose scores (the scorer's rewards, before an
-    overlong penalty or a KL is subtracted: those vary with every response and would
-    make every group look informative) are not all equal and all finite."""
-    positions = sampled.whole.rollout.prompt_index
-    rewards = sampled.scores
-    informative = []
-    for position in range(len(sampled.examples)):
-        values = rewards[positions == position]
-        if position not in sampled.dropped and values.numel() and bool(torch.isfinite(values).all()) \
-                and bool((values != values[0]).any()):
-            informative.append(position)
-    return informative
-
-
 def choose_groups(rounds: Sequence[SampledRound], wanted: int, last_round: bool) -> list[tuple[int, int]] | None:
     """``(round, prompt position)`` of the step's groups: the first ``wanted`` informative
     ones in round order, or, after the last round, those and then the other groups with
     finite rewards up to ``wanted``. None: another round is needed."""
-    informative = [(sampled.number, position) for sampled in rounds for position in informative_groups(sampled)]
+    informative = [(sampled.number, position) for sampled in rounds for position in sampled.informative]
     if len(informative) >= wanted:
         return informative[:wanted]
     if not last_round:
@@ -177,7 +180,7 @@ def assemble_step(rounds: Sequence[SampledRound], chosen: list[tuple[int, int]] 
                   config: Any, eos_token_id: int, pad_token_id: int) -> AssembledStep:
     """The step of the ``chosen`` groups (None: the one round as sampled, every group)."""
     sampled_groups = sum(len(sampled.examples) for sampled in rounds)
-    zero_std = sum(len(sampled.examples) - len(informative_groups(sampled)) - len(sampled.dropped)
+    zero_std = sum(len(sampled.examples) - len(sampled.informative) - len(sampled.dropped)
                    for sampled in rounds)
     dropped = sum(len(sampled.dropped) for sampled in rounds)
     if chosen is None or chosen == [(0, position) for position in range(len(rounds[0].examples))]:
